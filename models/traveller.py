@@ -1,0 +1,181 @@
+"""Model 2, the Traveller: an autoregressive LSTM whose output position feeds its next input.
+
+For a sequence of exogenous inputs ``u_0 .. u_{T-1}``: ``p_{-1} = 0``, LSTM state zero; at each
+step ``z_t = concat(p_{t-1}, u_t)`` goes through every LSTM layer and
+``p_t = tanh(output_layer(h_top))``. The output is ``p_0 .. p_{T-1}``, shape ``[T, 2]``.
+
+The batched rollout (:func:`rollout_packed`) is a plain function over fused weights, written in
+the TorchScript subset. It runs eagerly as it is; :meth:`Traveller.compile_rollout` swaps in the
+TorchScript-compiled version (the loader does that at start-up).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+
+RolloutBackend = Literal["eager", "torchscript"]
+RolloutFn = Callable[[Tensor, list[int], list[Tensor], list[Tensor], Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class TravellerConfig:
+    num_inputs: int = 6
+    hidden_size: int = 128
+    num_layers: int = 2
+    dropout: float = 0.0
+
+
+def rollout_packed(
+    u: Tensor,  # [N, num_inputs]: packed rows, time-major, longest sequence first
+    batch_sizes: list[int],  # [T]: active sequences per step, non-increasing
+    w_cat: list[Tensor],  # per layer: [in + H, 4H]; rows (x, h_l), layer 0: (p, h_0, u)
+    bias: list[Tensor],  # per layer: [4H] = b_ih + b_hh
+    w_out: Tensor,  # [H, 2]
+    b_out: Tensor,  # [2]
+) -> Tensor:
+    """Autoregressive rollout of every packed sequence at once; returns ``[N, 2]`` positions.
+
+    Layer 0's input is ``(p_{t-1}, u_t)``; the ``u`` part of its projection is done for all
+    steps in one GEMM up front, so each step costs one small GEMM per layer.
+    """
+    num_layers = len(w_cat)
+    hidden = w_cat[0].shape[1] // 4
+    b_max = batch_sizes[0]
+    w0_rec = w_cat[0][: 2 + hidden]  # [2 + H, 4H]: layer 0's rows for (p, h_0)
+    w0_u = w_cat[0][2 + hidden :]  # [num_inputs, 4H]: layer 0's rows for u
+    gu = torch.addmm(bias[0], u, w0_u)  # [N, 4H]
+    h = [torch.zeros(b_max, hidden, dtype=u.dtype, device=u.device) for _ in range(num_layers)]
+    c = [torch.zeros(b_max, hidden, dtype=u.dtype, device=u.device) for _ in range(num_layers)]
+    p = torch.zeros(b_max, 2, dtype=u.dtype, device=u.device)
+    outs: list[Tensor] = []
+    off = 0
+    for b in batch_sizes:
+        x = p[:b]
+        for layer in range(num_layers):
+            if layer == 0:
+                gates = torch.addmm(gu[off : off + b], torch.cat([x, h[0][:b]], 1), w0_rec)
+            else:
+                gates = torch.addmm(bias[layer], torch.cat([x, h[layer][:b]], 1), w_cat[layer])
+            i, f, g, o = gates.chunk(4, 1)
+            c_new = torch.sigmoid(f) * c[layer][:b] + torch.sigmoid(i) * torch.tanh(g)
+            h_new = torch.sigmoid(o) * torch.tanh(c_new)
+            c[layer] = c_new
+            h[layer] = h_new
+            x = h_new
+        p = torch.tanh(torch.addmm(b_out, x, w_out))
+        outs.append(p)
+        off += b
+    return torch.cat(outs, 0)
+
+
+@functools.cache
+def scripted_rollout() -> RolloutFn:
+    """The TorchScript-compiled :func:`rollout_packed` (compiled once per process)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        fn: RolloutFn = torch.jit.script(rollout_packed)
+    return fn
+
+
+class Traveller(nn.Module):
+    """Autoregressive LSTM; state_dict keys match the seed's class exactly."""
+
+    def __init__(
+        self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.num_inputs = num_inputs
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.dropout = dropout
+        self.lstm_layers = nn.LSTM(
+            input_size=num_inputs + 2,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            dropout=dropout,
+            batch_first=True,
+        )
+        self.output_layer = nn.Linear(hidden_size, 2)
+        self.activation = nn.Tanh()
+        self._rollout_fn: RolloutFn = rollout_packed
+        self.rollout_backend: RolloutBackend = "eager"
+
+    @property
+    def config(self) -> TravellerConfig:
+        return TravellerConfig(self.num_inputs, self.hidden_size, self.num_layers, self.dropout)
+
+    def compile_rollout(self, backend: RolloutBackend = "torchscript") -> None:
+        """Choose the rollout implementation: ``"torchscript"`` or ``"eager"``."""
+        if backend == "torchscript":
+            self._rollout_fn = scripted_rollout()
+        elif backend == "eager":
+            self._rollout_fn = rollout_packed
+        else:
+            raise ValueError(f"unknown rollout backend {backend!r}")
+        self.rollout_backend = backend
+
+    def fused_weights(self) -> tuple[list[Tensor], list[Tensor], Tensor, Tensor]:
+        """Weights in the layout :func:`rollout_packed` takes (see its argument comments)."""
+        w_cat: list[Tensor] = []
+        bias: list[Tensor] = []
+        n_pos = 2
+        for layer in range(self.num_layers):
+            w_ih = getattr(self.lstm_layers, f"weight_ih_l{layer}")  # [4H, in_l]
+            w_hh = getattr(self.lstm_layers, f"weight_hh_l{layer}")  # [4H, H]
+            b = getattr(self.lstm_layers, f"bias_ih_l{layer}") + getattr(
+                self.lstm_layers, f"bias_hh_l{layer}"
+            )
+            if layer == 0:
+                # rows ordered (p, h_0, u) so the step loop slices one contiguous block
+                w = torch.cat([w_ih[:, :n_pos], w_hh, w_ih[:, n_pos:]], 1)
+            else:
+                w = torch.cat([w_ih, w_hh], 1)
+            w_cat.append(w.t().contiguous())
+            bias.append(b)
+        w_out = self.output_layer.weight.t().contiguous()
+        return w_cat, bias, w_out, self.output_layer.bias
+
+    def rollout(self, inputs: PackedSequence) -> PackedSequence:
+        """Batched rollout: ``[N, num_inputs]`` packed inputs -> ``[N, 2]`` packed positions."""
+        if not isinstance(inputs, PackedSequence):
+            raise TypeError(f"rollout takes a PackedSequence, got {type(inputs).__name__}")
+        self._check_width(inputs.data)
+        w_cat, bias, w_out, b_out = self.fused_weights()
+        sizes: list[int] = inputs.batch_sizes.tolist()
+        out = self._rollout_fn(inputs.data, sizes, w_cat, bias, w_out, b_out)
+        return PackedSequence(out, inputs.batch_sizes, inputs.sorted_indices, inputs.unsorted_indices)
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """The seed's single-sequence interface: ``[T, 1, num_inputs]`` -> ``[T, 2]``."""
+        if inputs.dim() != 3 or inputs.shape[1] != 1:
+            raise ValueError(f"expected inputs of shape [T, 1, {self.num_inputs}], got "
+                             f"{list(inputs.shape)}")
+        u = inputs[:, 0, :]
+        self._check_width(u)
+        if self.training and self.dropout > 0:
+            return self._stepwise(inputs)  # nn.LSTM applies dropout between layers
+        w_cat, bias, w_out, b_out = self.fused_weights()
+        return self._rollout_fn(u, [1] * u.shape[0], w_cat, bias, w_out, b_out)
+
+    def _stepwise(self, inputs: Tensor) -> Tensor:
+        hidden: tuple[Tensor, Tensor] | None = None
+        prev = inputs.new_zeros(1, 1, 2)
+        outs = []
+        for t in range(inputs.shape[0]):
+            out, hidden = self.lstm_layers(torch.cat([prev, inputs[t : t + 1]], 2), hidden)
+            prev = self.activation(self.output_layer(out))
+            outs.append(prev)
+        return torch.cat(outs, 0).squeeze(1)
+
+    def _check_width(self, u: Tensor) -> None:
+        if u.dim() != 2 or u.shape[1] != self.num_inputs:
+            raise ValueError(f"expected inputs with {self.num_inputs} features per step, got "
+                             f"shape {list(u.shape)}")

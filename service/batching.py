@@ -1,0 +1,249 @@
+"""Dynamic batching for asyncio: gather concurrent submissions, run them as one batch.
+
+This layer knows nothing about HTTP or models. ``await batcher.submit(item, size, cost)``
+returns that item's result. A background task takes waiting items until ``max_batch_size``
+(sum of ``size``), ``max_batch_cost`` (sum of ``cost``) or ``max_delay_s`` after the first
+item is reached, awaits ``handler(items)`` and hands each caller its result. The handler must
+return exactly one result per item; a mismatch or an exception fails every caller of that batch
+and nobody else's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+log = logging.getLogger(__name__)
+
+
+class BatcherError(Exception):
+    """Base class for the batcher's own errors."""
+
+
+class QueueFull(BatcherError):
+    """The queue holds ``max_queue_size`` items already; try again later."""
+
+
+class BatcherClosed(BatcherError):
+    """The batcher is shutting down or stopped and takes no new items."""
+
+
+class HandlerResultMismatch(BatcherError):
+    """The handler returned a different number of results than it was given items."""
+
+
+class BatchObserver(Protocol):
+    """Callbacks for metrics; called on the event loop, must not block."""
+
+    def on_queue_depth(self, name: str, depth: int) -> None: ...
+
+    def on_batch(
+        self,
+        name: str,
+        *,
+        items: int,
+        size: int,
+        cost: int,
+        queue_waits: Sequence[float],
+        compute_seconds: float,
+        ok: bool,
+    ) -> None: ...
+
+
+@dataclass(eq=False)
+class _Pending(Generic[T, R]):
+    item: T
+    size: int
+    cost: int
+    future: asyncio.Future[R]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class DynamicBatcher(Generic[T, R]):
+    """Gathers items submitted concurrently into batches for one async handler."""
+
+    def __init__(
+        self,
+        handler: Callable[[list[T]], Awaitable[Sequence[R]]],
+        *,
+        max_batch_size: int,
+        max_delay_s: float,
+        max_batch_cost: int | None = None,
+        max_queue_size: int | None = None,
+        name: str = "batcher",
+        observer: BatchObserver | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_delay_s < 0:
+            raise ValueError(f"max_delay_s must be >= 0, got {max_delay_s}")
+        if max_batch_cost is not None and max_batch_cost < 1:
+            raise ValueError(f"max_batch_cost must be >= 1 or None, got {max_batch_cost}")
+        if max_queue_size is not None and max_queue_size < 1:
+            raise ValueError(f"max_queue_size must be >= 1 or None, got {max_queue_size}")
+        self._handler = handler
+        self.max_batch_size = max_batch_size
+        self.max_batch_cost = max_batch_cost
+        self.max_delay_s = max_delay_s
+        self.max_queue_size = max_queue_size
+        self.name = name
+        self._observer = observer
+        self._queue: collections.deque[_Pending[T, R]] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+
+    # -- public API -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the batching task on the running loop (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"{self.name}-batcher"
+            )
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, item: T, *, size: int = 1, cost: int = 1) -> R:
+        """Queue ``item`` and wait for its result.
+
+        ``size`` counts against ``max_batch_size`` and ``cost`` against ``max_batch_cost``;
+        an item larger than either limit runs in a batch of its own.
+        """
+        if self._closing or self._task is None:
+            raise BatcherClosed(f"{self.name} is not accepting work")
+        if self.max_queue_size is not None and len(self._queue) >= self.max_queue_size:
+            raise QueueFull(f"{self.name} queue is full ({self.max_queue_size} waiting)")
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(item, size, cost, future))
+        self._notify_depth()
+        self._arrived.set()
+        return await future  # cancelling the caller cancels the future; the loop skips it
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Stop taking items, finish the queued ones, then stop (cancel after ``timeout``)."""
+        self._closing = True
+        self._arrived.set()
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        finally:
+            self._fail_queued(BatcherClosed(f"{self.name} stopped"))
+
+    # -- the batching loop ------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            while not self._queue:
+                if self._closing:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+            await self._wait_for_batch()
+            batch = self._take_batch()
+            if batch:
+                await self._run_batch(batch)
+
+    async def _wait_for_batch(self) -> None:
+        """Wait until a full batch is queued or the oldest item's delay has passed."""
+        deadline = self._queue[0].enqueued + self.max_delay_s
+        while not self._closing and not self._full():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+
+    def _full(self) -> bool:
+        size = cost = 0
+        for p in self._queue:
+            size += p.size
+            cost += p.cost
+            if size >= self.max_batch_size:
+                return True
+            if self.max_batch_cost is not None and cost >= self.max_batch_cost:
+                return True
+        return False
+
+    def _take_batch(self) -> list[_Pending[T, R]]:
+        batch: list[_Pending[T, R]] = []
+        size = cost = 0
+        while self._queue:
+            p = self._queue[0]
+            if p.future.done():  # the caller went away (cancelled) before its turn
+                self._queue.popleft()
+                continue
+            over_size = size + p.size > self.max_batch_size
+            over_cost = self.max_batch_cost is not None and cost + p.cost > self.max_batch_cost
+            if batch and (over_size or over_cost):
+                break
+            self._queue.popleft()
+            batch.append(p)
+            size += p.size
+            cost += p.cost
+        self._notify_depth()
+        return batch
+
+    async def _run_batch(self, batch: list[_Pending[T, R]]) -> None:
+        started = time.monotonic()
+        waits = [started - p.enqueued for p in batch]
+        ok = False
+        try:
+            results = await self._handler([p.item for p in batch])
+            if len(results) != len(batch):
+                raise HandlerResultMismatch(
+                    f"{self.name} handler returned {len(results)} results for {len(batch)} items"
+                )
+        except asyncio.CancelledError:
+            for p in batch:
+                p.future.cancel()
+            raise
+        except Exception as exc:  # one failing batch fails its own callers only
+            log.exception("%s: batch of %d items failed", self.name, len(batch))
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+        else:
+            ok = True
+            for p, r in zip(batch, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(r)
+        finally:
+            if self._observer is not None:
+                self._observer.on_batch(
+                    self.name,
+                    items=len(batch),
+                    size=sum(p.size for p in batch),
+                    cost=sum(p.cost for p in batch),
+                    queue_waits=waits,
+                    compute_seconds=time.monotonic() - started,
+                    ok=ok,
+                )
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        while self._queue:
+            p = self._queue.popleft()
+            if not p.future.done():
+                p.future.set_exception(exc)
+        self._notify_depth()
+
+    def _notify_depth(self) -> None:
+        if self._observer is not None:
+            self._observer.on_queue_depth(self.name, len(self._queue))

@@ -1,0 +1,64 @@
+"""One settings object, read from ``RNNSERVE_*`` environment variables and ``rnnserve`` flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """rnnserve configuration. Every field is ``RNNSERVE_<NAME>`` or ``--<name>`` on the CLI."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RNNSERVE_",
+        cli_prog_name="rnnserve",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 to accept remote clients.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on (0 picks a free one).")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="Log level of rnnserve and uvicorn."
+    )
+    access_log: bool = Field(False, description="Log one line per HTTP request.")
+    model_dir: Path | None = Field(
+        None, description="Folder of <name>.safetensors models to serve (default: bundled)."
+    )
+    device: str = Field("auto", description="torch device: auto (CUDA if present), cpu, cuda:0...")
+    torch_threads: int = Field(
+        1, ge=1, description="Intra-op threads torch uses in the model worker thread."
+    )
+    rollout_backend: Literal["torchscript", "eager"] = Field(
+        "torchscript", description="How the Traveller's rollout loop runs."
+    )
+    max_batch_size: int = Field(64, ge=1, description="Most sequences packed into one batch.")
+    max_batch_timesteps: int = Field(
+        262_144, ge=1, description="Most timesteps (sum of lengths) in one batch."
+    )
+    max_delay_ms: float = Field(
+        2.0, ge=0, description="Longest a request waits for others to join its batch."
+    )
+    max_queue_size: int = Field(
+        1024, ge=1, description="Requests waiting per model beyond which new ones get 503."
+    )
+    max_request_bytes: int = Field(
+        64 * 1024 * 1024, ge=1, description="Largest request body accepted (413 above)."
+    )
+    max_sequences_per_request: int = Field(
+        256, ge=1, description="Most sequences in one request (413 above)."
+    )
+    max_sequence_length: int = Field(
+        100_000, ge=1, description="Most timesteps in one sequence (413 above)."
+    )
+    max_request_timesteps: int = Field(
+        1_000_000, ge=1, description="Most timesteps in one request, all sequences (413 above)."
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="On shutdown, how long queued requests may take to finish."
+    )

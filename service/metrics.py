@@ -1,0 +1,129 @@
+"""Prometheus metrics on their own registry; the batcher reports to them as an observer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: N811
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+# Millisecond-level latencies: 0.25 ms .. 10 s.
+LATENCY_BUCKETS = (
+    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+STEP_BUCKETS = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
+FRACTION_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+class Metrics:
+    """Every rnnserve_* metric. One instance per app, so tests can build many apps."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.request_duration = Histogram(
+            "rnnserve_request_duration_seconds",
+            "Time from request received to response ready, by endpoint, model and status code.",
+            ["endpoint", "model", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "rnnserve_queue_wait_seconds",
+            "Time a request waited in the batcher's queue before its batch ran.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_compute = Histogram(
+            "rnnserve_batch_compute_seconds",
+            "Wall time to run one batch: pack, model, unpack.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_requests = Histogram(
+            "rnnserve_batch_requests",
+            "HTTP requests served by one batch.",
+            ["model"],
+            buckets=COUNT_BUCKETS,
+            registry=r,
+        )
+        self.batch_sequences = Histogram(
+            "rnnserve_batch_sequences",
+            "Sequences packed into one batch.",
+            ["model"],
+            buckets=COUNT_BUCKETS,
+            registry=r,
+        )
+        self.batch_timesteps = Histogram(
+            "rnnserve_batch_timesteps",
+            "Timesteps (sum of sequence lengths) in one batch.",
+            ["model"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.batch_active_fraction = Histogram(
+            "rnnserve_batch_active_fraction",
+            "Share of the batch's [sequences x longest] grid holding real steps (1 = no padding).",
+            ["model"],
+            buckets=FRACTION_BUCKETS,
+            registry=r,
+        )
+        self.batch_failures = Counter(
+            "rnnserve_batch_failures_total",
+            "Batches whose model run raised an error.",
+            ["model"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "rnnserve_queue_depth",
+            "Requests waiting in the batcher's queue.",
+            ["model"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "rnnserve_requests_in_flight",
+            "Requests being handled now, by endpoint.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "rnnserve_requests_rejected_total",
+            "Requests refused without running the model, by endpoint and reason.",
+            ["endpoint", "reason"],
+            registry=r,
+        )
+
+    # -- batcher observer -------------------------------------------------------------------
+
+    def on_queue_depth(self, name: str, depth: int) -> None:
+        self.queue_depth.labels(name).set(depth)
+
+    def on_batch(
+        self,
+        name: str,
+        *,
+        items: int,
+        size: int,
+        cost: int,
+        queue_waits: Sequence[float],
+        compute_seconds: float,
+        ok: bool,
+    ) -> None:
+        wait = self.queue_wait.labels(name)
+        for w in queue_waits:
+            wait.observe(w)
+        self.batch_compute.labels(name).observe(compute_seconds)
+        self.batch_requests.labels(name).observe(items)
+        self.batch_sequences.labels(name).observe(size)
+        self.batch_timesteps.labels(name).observe(cost)
+        if not ok:
+            self.batch_failures.labels(name).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

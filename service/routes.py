@@ -1,0 +1,191 @@
+"""HTTP endpoints. Only this layer knows about status codes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from service.batching import BatcherClosed, QueueFull
+from service.metrics import CONTENT_TYPE, Metrics
+from service.runtime import ModelRuntime, UnknownModel
+from service.validation import (
+    Limits,
+    RequestError,
+    RolloutRequest,
+    RolloutResponse,
+    SmoothRequest,
+    SmoothResponse,
+    parse_body,
+    to_arrays,
+)
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+class ErrorBody(BaseModel):
+    detail: str
+    type: str
+    loc: list[str | int]
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """JSON via orjson; numpy arrays are written straight from their buffers."""
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def _body_spec(schema: type[BaseModel]) -> dict[str, Any]:
+    # the body is parsed by hand (raw bytes straight into pydantic), so document it here
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": schema.model_json_schema()}},
+        }
+    }
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in (
+        (400, "body is not JSON"),
+        (404, "no such model"),
+        (413, "request over a configured limit"),
+        (422, "input of the wrong shape or values"),
+        (503, "not ready, queue full or shutting down"),
+    )
+}
+
+
+@router.get("/healthz", summary="Liveness: 200 while the process runs")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Readiness: 200 once models are warm, 503 before and while draining")
+async def readyz(request: Request) -> Response:
+    if request.app.state.ready:
+        return json_response({"status": "ready"})
+    return json_response({"status": "not ready"}, 503)
+
+
+@router.get("/models", summary="The served models: name, kind, shapes, parameters")
+async def list_models(request: Request) -> dict[str, Any]:
+    runtime: ModelRuntime = request.app.state.runtime
+    return {"models": [{"name": m.name, **m.info} for m in runtime.models.values()]}
+
+
+@router.get("/metrics", summary="Prometheus text exposition")
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+@router.post(
+    "/smooth",
+    summary="Smooth N sequences of F features",
+    openapi_extra=_body_spec(SmoothRequest),
+    responses={200: {"model": SmoothResponse}, **_ERRORS},
+)
+async def smooth(request: Request) -> Response:
+    return await _infer(request, "smooth", "smoother", SmoothRequest, "sequences", "sequences")
+
+
+@router.post(
+    "/rollout",
+    summary="Roll the Traveller out over N sequences of exogenous inputs",
+    openapi_extra=_body_spec(RolloutRequest),
+    responses={200: {"model": RolloutResponse}, **_ERRORS},
+)
+async def rollout(request: Request) -> Response:
+    return await _infer(request, "rollout", "traveller", RolloutRequest, "inputs", "positions")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    too_big = RequestError(413, "body_too_large", f"request body is over {limit} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _infer(
+    request: Request,
+    endpoint: str,
+    kind: str,
+    schema: type[BaseModel],
+    field: str,
+    out_field: str,
+) -> Response:
+    state = request.app.state
+    metrics: Metrics = state.metrics
+    runtime: ModelRuntime = state.runtime
+    settings = state.settings
+    started = time.perf_counter()
+    in_flight = metrics.in_flight.labels(endpoint)
+    in_flight.inc()
+    model_label = "unknown"
+    code = 500
+    try:
+        if not state.ready:
+            raise RequestError(503, "not_ready", "the server is starting or shutting down")
+        body = await _read_body(request, settings.max_request_bytes)
+        name, sequences = parse_body(body, schema, field)
+        name = name or kind
+        try:
+            served = runtime.get(name)
+        except UnknownModel as exc:
+            raise RequestError(404, "unknown_model", str(exc), ("model",)) from None
+        model_label = name
+        if served.kind != kind:
+            other = "/smooth" if served.kind == "smoother" else "/rollout"
+            raise RequestError(
+                422, "wrong_model_kind",
+                f"model '{name}' is a {served.kind} model; send it to POST {other}", ("model",),
+            )  # fmt: skip
+        limits = Limits(
+            settings.max_sequences_per_request,
+            settings.max_sequence_length,
+            settings.max_request_timesteps,
+        )
+        arrays = to_arrays(sequences, field, served.input_dim, limits, name)
+        try:
+            outputs = await runtime.infer(name, arrays)
+        except QueueFull as exc:
+            raise RequestError(503, "queue_full", str(exc)) from None
+        except BatcherClosed as exc:
+            raise RequestError(503, "shutting_down", str(exc)) from None
+        code = 200
+        return json_response({"model": name, out_field: outputs})
+    except RequestError as exc:
+        code = exc.status
+        metrics.rejected.labels(endpoint, exc.type).inc()
+        headers = {"Retry-After": "1"} if exc.status == 503 else None
+        return json_response(exc.body(), exc.status, headers)
+    except Exception:
+        log.exception("%s failed", endpoint)
+        return json_response(
+            {"detail": "the model failed on this batch; see the server log", "type": "internal",
+             "loc": []},
+            500,
+        )  # fmt: skip
+    finally:
+        in_flight.dec()
+        elapsed = time.perf_counter() - started
+        metrics.request_duration.labels(endpoint, model_label, str(code)).observe(elapsed)

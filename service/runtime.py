@@ -1,0 +1,180 @@
+"""Serving runtime: loads the models, owns the model worker thread and one batcher per model.
+
+The HTTP layer calls :meth:`ModelRuntime.infer`; the batcher gathers concurrent calls, and each
+batch is packed, run and unpacked on a single dedicated worker thread under
+``torch.inference_mode()``, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence
+
+import models
+from models.packing import active_fraction, pack, unpack
+from models.smoothing import LinearRecursion
+from models.traveller import Traveller
+from service.batching import DynamicBatcher
+from service.config import Settings
+from service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+# One request's sequences in, one request's outputs out.
+Item = list[np.ndarray]
+
+
+class UnknownModel(LookupError):
+    """No served model has that name."""
+
+
+@dataclass
+class ServedModel:
+    name: str
+    kind: str
+    module: nn.Module
+    input_dim: int
+    info: dict[str, Any]
+    batcher: DynamicBatcher[Item, Item] = field(repr=False)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def run_model(module: nn.Module, packed: PackedSequence) -> PackedSequence:
+    """One forward pass of either kind of model over a packed batch."""
+    if isinstance(module, Traveller):
+        return module.rollout(packed)
+    out: PackedSequence = module(packed)
+    return out
+
+
+class ModelRuntime:
+    """Models, their batchers and the worker thread, started and stopped with the app."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.device = resolve_device(settings.device)
+        self.models: dict[str, ServedModel] = {}
+        self._executor: ThreadPoolExecutor | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        threads = self.settings.torch_threads
+        torch.set_num_threads(threads)
+        self._executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="rnnserve-model",
+            initializer=torch.set_num_threads,
+            initargs=(threads,),
+        )
+        loop = asyncio.get_running_loop()
+        loaded = await loop.run_in_executor(self._executor, self._load_and_warm)
+        for name, module in loaded.items():
+            self.models[name] = self._serve(name, module)
+        for served in self.models.values():
+            served.batcher.start()
+        log.info("serving %s on %s", ", ".join(sorted(self.models)) or "no models", self.device)
+
+    async def stop(self) -> None:
+        await asyncio.gather(
+            *(m.batcher.close(self.settings.drain_timeout_s) for m in self.models.values())
+        )
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _load_and_warm(self) -> dict[str, nn.Module]:
+        loaded: dict[str, nn.Module] = {}
+        for name in models.available(self.settings.model_dir):
+            started = time.perf_counter()
+            module = models.load(
+                name,
+                self.settings.model_dir,
+                device=self.device,
+                rollout_backend=self.settings.rollout_backend,
+            )
+            dim = _input_dim(module)
+            rng = np.random.default_rng(0)
+            # a few batches of mixed lengths: compiles numba, lets TorchScript profile and optimise
+            for lengths in ((3,), (5, 2), (7, 7, 1), (4,)):
+                batch = [[rng.standard_normal((n, dim), np.float32) for n in lengths]]
+                self._compute(name, module, batch, record=False)
+            log.info("loaded and warmed %s in %.2f s", name, time.perf_counter() - started)
+            loaded[name] = module
+        return loaded
+
+    def _serve(self, name: str, module: nn.Module) -> ServedModel:
+        async def handle(items: list[Item]) -> list[Item]:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, self._compute, name, module, items)
+
+        s = self.settings
+        batcher: DynamicBatcher[Item, Item] = DynamicBatcher(
+            handle,
+            max_batch_size=s.max_batch_size,
+            max_batch_cost=s.max_batch_timesteps,
+            max_delay_s=s.max_delay_ms / 1000,
+            max_queue_size=s.max_queue_size,
+            name=name,
+            observer=self.metrics,
+        )
+        info = models.describe(module)
+        return ServedModel(name, info["kind"], module, _input_dim(module), info, batcher)
+
+    # -- inference ------------------------------------------------------------------------
+
+    def get(self, name: str) -> ServedModel:
+        try:
+            return self.models[name]
+        except KeyError:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise UnknownModel(f"no model named '{name}' (served: {known})") from None
+
+    async def infer(self, name: str, sequences: Item) -> Item:
+        """Run ``sequences`` (``[T_i, input_dim]`` float32 arrays) through model ``name``."""
+        served = self.get(name)
+        return await served.batcher.submit(
+            sequences, size=len(sequences), cost=sum(len(s) for s in sequences)
+        )
+
+    def _compute(
+        self, name: str, module: nn.Module, items: Sequence[Item], record: bool = True
+    ) -> list[Item]:
+        """Runs on the worker thread: pack every sequence of every item, run once, split."""
+        flat = [torch.from_numpy(a) for item in items for a in item]
+        with torch.inference_mode():
+            out = run_model(module, pack(flat, self.device))
+            outputs = unpack(out.to("cpu"))
+        if record and self.metrics is not None:
+            frac = active_fraction([len(t) for t in flat])
+            self.metrics.batch_active_fraction.labels(name).observe(frac)
+        results: list[Item] = []
+        pos = 0
+        for item in items:
+            results.append([o.numpy() for o in outputs[pos : pos + len(item)]])
+            pos += len(item)
+        return results
+
+
+def _input_dim(module: nn.Module) -> int:
+    if isinstance(module, LinearRecursion):
+        return module.feat_dim
+    if isinstance(module, Traveller):
+        return module.num_inputs
+    raise TypeError(f"cannot serve {type(module).__name__}")

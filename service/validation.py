@@ -1,0 +1,179 @@
+"""Request parsing and input checks for the HTTP layer.
+
+Every problem becomes a :class:`RequestError` with a status code and a message that says what is
+wrong and where (sequence, step, feature), never echoing the input back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+# Strict: no strings or booleans posing as numbers; NaN and Infinity literals are refused.
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Step = Annotated[list[Number], Field(min_length=1, fail_fast=True)]
+Sequence = Annotated[list[Step], Field(min_length=1, fail_fast=True)]
+Sequences = Annotated[list[Sequence], Field(min_length=1, fail_fast=True)]
+
+
+class SmoothRequest(BaseModel):
+    """``POST /smooth``: N sequences of T_i steps of F features each."""
+
+    model_config = ConfigDict(extra="forbid")
+    sequences: Sequences = Field(description="N sequences, each [T_i][F] numbers")
+    model: str | None = Field(None, description="model name (default: smoother)")
+
+
+class RolloutRequest(BaseModel):
+    """``POST /rollout``: N sequences of T_i steps of num_inputs exogenous inputs each."""
+
+    model_config = ConfigDict(extra="forbid")
+    inputs: Sequences = Field(description="N sequences, each [T_i][num_inputs] numbers")
+    model: str | None = Field(None, description="model name (default: traveller)")
+
+
+class SmoothResponse(BaseModel):
+    model: str
+    sequences: list[list[list[float]]]
+
+
+class RolloutResponse(BaseModel):
+    model: str
+    positions: list[list[list[float]]]
+
+
+@dataclass
+class RequestError(Exception):
+    """A client error: HTTP ``status``, machine-readable ``type``, a message and a location."""
+
+    status: int
+    type: str
+    message: str
+    loc: tuple[str | int, ...] = ()
+
+    def __str__(self) -> str:
+        return self.message
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.message, "type": self.type, "loc": list(self.loc)}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_sequences: int
+    max_sequence_length: int
+    max_timesteps: int
+
+
+def _where(loc: tuple[str | int, ...]) -> str:
+    """``('sequences', 3, 17, 2)`` -> ``'sequence 3, step 17, feature 2'``."""
+    parts = []
+    for name, value in zip(("sequence", "step", "feature"), loc[1:], strict=False):
+        parts.append(f"{name} {value}")
+    return ", ".join(parts)
+
+
+_EMPTY = {1: "holds no sequences", 2: "has no steps", 3: "has no features"}
+
+
+def parse_body(body: bytes, schema: type[BaseModel], field: str) -> tuple[str | None, Any]:
+    """Parse and type-check a JSON body; returns ``(model name, nested lists of floats)``."""
+    try:
+        req = schema.model_validate_json(body)
+    except pydantic.ValidationError as exc:
+        raise _from_pydantic(exc, field) from None
+    return getattr(req, "model"), getattr(req, field)
+
+
+def _from_pydantic(exc: pydantic.ValidationError, field: str) -> RequestError:
+    err = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    if kind == "json_invalid":
+        msg = str(err["msg"])
+        hint = " (NaN and Infinity are not JSON numbers)" if _looks_non_finite(msg) else ""
+        return RequestError(400, "invalid_json", f"body is not valid JSON: {msg}{hint}")
+    where = _where(loc) if loc[:1] == (field,) else ""
+    path = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in
+                   enumerate(loc)) or "body"
+    if kind == "too_short" and loc[:1] == (field,):
+        what = f"'{field}'" if len(loc) == 1 else where
+        return RequestError(422, "empty", f"{what} {_EMPTY[len(loc)]}", loc)
+    if kind == "finite_number":
+        return RequestError(422, "non_finite", f"{where}: value is not a finite number", loc)
+    if kind in ("float_type", "float_parsing") and where:
+        return RequestError(422, "not_a_number", f"{where}: value is not a number", loc)
+    if kind == "list_type" and where:
+        shape = ["a list of sequences", "a list of steps", "a list of features"][len(loc) - 1]
+        return RequestError(422, "wrong_shape", f"{where or field}: expected {shape}", loc)
+    if kind == "list_type":
+        return RequestError(422, "wrong_shape", f"'{field}' must be a list of sequences", loc)
+    if kind == "missing":
+        return RequestError(422, "missing", f"'{path}' is required", loc)
+    if kind == "extra_forbidden":
+        return RequestError(422, "unknown_field", f"unknown field '{path}'", loc)
+    return RequestError(422, kind, f"{path}: {err['msg']}", loc)
+
+
+def _looks_non_finite(msg: str) -> bool:
+    return any(s in msg.lower() for s in ("nan", "infinity", "expected value", "ident"))
+
+
+def to_arrays(
+    sequences: list[list[list[float]]], field: str, feat_dim: int, limits: Limits, model: str
+) -> list[np.ndarray]:
+    """Check counts and shapes and return one float32 ``[T_i, feat_dim]`` array per sequence."""
+    if len(sequences) > limits.max_sequences:
+        raise RequestError(
+            413, "too_many_sequences",
+            f"request has {len(sequences)} sequences; the limit is {limits.max_sequences}",
+            (field,),
+        )  # fmt: skip
+    total = 0
+    for i, seq in enumerate(sequences):
+        if len(seq) > limits.max_sequence_length:
+            raise RequestError(
+                413, "sequence_too_long",
+                f"sequence {i} has {len(seq)} steps; the limit is {limits.max_sequence_length}",
+                (field, i),
+            )  # fmt: skip
+        total += len(seq)
+    if total > limits.max_timesteps:
+        raise RequestError(
+            413, "too_many_timesteps",
+            f"request has {total} timesteps in all; the limit is {limits.max_timesteps}",
+            (field,),
+        )  # fmt: skip
+    arrays = []
+    for i, seq in enumerate(sequences):
+        try:
+            arr = np.array(seq, dtype=np.float32)
+        except ValueError:  # ragged: steps of different lengths
+            arr = None
+        if arr is None or arr.ndim != 2 or arr.shape[1] != feat_dim:
+            raise _feature_count_error(seq, i, field, feat_dim, model)
+        bad = np.argwhere(~np.isfinite(arr))
+        if bad.size:  # finite in JSON (float64) but out of float32's range
+            t, f = (int(v) for v in bad[0])
+            raise RequestError(
+                422, "non_finite",
+                f"sequence {i}, step {t}, feature {f}: value is outside float32's range",
+                (field, i, t, f),
+            )  # fmt: skip
+        arrays.append(arr)
+    return arrays
+
+
+def _feature_count_error(
+    seq: list[list[float]], i: int, field: str, feat_dim: int, model: str
+) -> RequestError:
+    t = next(t for t, step in enumerate(seq) if len(step) != feat_dim)
+    return RequestError(
+        422, "wrong_feature_count",
+        f"sequence {i}, step {t}: has {len(seq[t])} features; model '{model}' takes {feat_dim}",
+        (field, i, t),
+    )  # fmt: skip
