@@ -1,0 +1,165 @@
+"""A real ``rnnserve`` process on a free loopback port, driven by 64 concurrent clients."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+import models
+from tests.references import seed_rollout, smoother_reference
+
+pytestmark = pytest.mark.e2e
+CLIENTS = 64
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+        self.proc, self.url, self.log = proc, url, log
+
+
+def start_server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+    port = free_port()
+    exe = Path(sys.executable).with_name("rnnserve")
+    log = tmp_path / f"rnnserve-{port}.log"
+    proc = subprocess.Popen(
+        [str(exe), "--port", str(port), *args],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        cwd=tmp_path,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"rnnserve exited early:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return Server(proc, url, log)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"rnnserve did not become ready:\n{log.read_text()}")
+
+
+def stop(server: Server) -> None:
+    """SIGTERM, then check the shutdown was graceful (uvicorn re-raises the signal at exit)."""
+    server.proc.send_signal(signal.SIGTERM)
+    code = server.proc.wait(timeout=30)
+    log = server.log.read_text()
+    assert code in (0, -signal.SIGTERM), log
+    assert "Application shutdown complete" in log, log
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("e2e")
+    srv = start_server(tmp, env={"RNNSERVE_MAX_DELAY_MS": "20"})
+    yield srv
+    stop(srv)
+
+
+def batched_requests(text: str, model: str) -> tuple[float, float]:
+    """(requests served, batches run) for ``model`` from the exposition text."""
+    values = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "rnnserve_batch_requests":
+            for s in fam.samples:
+                if s.labels.get("model") == model and s.name.endswith(("_sum", "_count")):
+                    values[s.name.rsplit("_", 1)[1]] = s.value
+    return values["sum"], values["count"]
+
+
+async def _post_all(url: str, path: str, bodies: list[dict[str, object]]) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=CLIENTS)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        return await asyncio.gather(*(client.post(path, json=b) for b in bodies))
+
+
+def test_64_concurrent_smooth_clients(server: Server) -> None:
+    rng = np.random.default_rng(42)
+    seqs = [rng.standard_normal((int(n), 16)).astype(np.float32)
+            for n in rng.integers(1, 120, CLIENTS)]  # fmt: skip
+    responses = asyncio.run(
+        _post_all(server.url, "/smooth", [{"sequences": [s.tolist()]} for s in seqs])
+    )
+    model = models.load("smoother")
+    alpha, wx = model.alpha_smooth.detach().numpy(), model.wx.detach().numpy()
+    for s, r in zip(seqs, responses, strict=True):
+        assert r.status_code == 200, r.text
+        (y,) = r.json()["sequences"]
+        np.testing.assert_allclose(np.array(y), smoother_reference(s, alpha, wx), atol=1e-5)
+    served, batches = batched_requests(httpx.get(f"{server.url}/metrics").text, "smoother")
+    assert served >= CLIENTS
+    assert batches < served, "every batch held a single request: nothing was batched"
+
+
+def test_64_concurrent_rollout_clients(server: Server) -> None:
+    rng = np.random.default_rng(7)
+    seqs = [rng.standard_normal((int(n), 6)).astype(np.float32)
+            for n in rng.integers(1, 60, CLIENTS)]  # fmt: skip
+    responses = asyncio.run(
+        _post_all(server.url, "/rollout", [{"inputs": [s.tolist()]} for s in seqs])
+    )
+    model = models.load("traveller", rollout_backend="eager")
+    for s, r in zip(seqs, responses, strict=True):
+        assert r.status_code == 200, r.text
+        (y,) = r.json()["positions"]
+        with torch.inference_mode():
+            ref = seed_rollout(model.lstm_layers, model.output_layer, model.activation,
+                               torch.from_numpy(s)[:, None, :])  # fmt: skip
+        np.testing.assert_allclose(np.array(y), ref.numpy(), atol=1e-5)
+    served, batches = batched_requests(httpx.get(f"{server.url}/metrics").text, "traveller")
+    assert served >= CLIENTS
+    assert batches < served, "every batch held a single request: nothing was batched"
+
+
+def test_bad_input_does_not_hurt_the_process(server: Server) -> None:
+    r = httpx.post(f"{server.url}/rollout", content=b'{"inputs": [[[1, 2, NaN]]]}')
+    assert r.status_code == 422
+    r = httpx.post(f"{server.url}/smooth", content=b"\xff\xfe garbage")
+    assert r.status_code == 400
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
+
+
+def test_flags_and_environment_configure_the_server(tmp_path: Path) -> None:
+    srv = start_server(
+        tmp_path,
+        "--rollout-backend",
+        "eager",
+        env={"RNNSERVE_ROLLOUT_BACKEND": "torchscript", "RNNSERVE_MAX_SEQUENCE_LENGTH": "3"},
+    )
+    try:
+        info = {m["name"]: m for m in httpx.get(f"{srv.url}/models").json()["models"]}
+        assert info["traveller"]["config"]["rollout_backend"] == "eager"  # the flag wins
+        r = httpx.post(f"{srv.url}/rollout", json={"inputs": [[[0.0] * 6] * 4]})
+        assert r.status_code == 413  # the environment applies
+    finally:
+        stop(srv)
+
+
+def test_help_lists_the_settings() -> None:
+    exe = Path(sys.executable).with_name("rnnserve")
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True)
+    for flag in ("--host", "--port", "--max-batch-size", "--max-delay-ms", "--device"):
+        assert flag in out.stdout

@@ -1,0 +1,256 @@
+"""The HTTP API in-process: answers, batching, errors, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+import models
+import service.runtime
+from service.app import create_app
+from service.config import Settings
+from tests.integration.conftest import AppClient
+from tests.references import seed_rollout, smoother_reference
+
+ROW16 = [0.5] * 16
+ROW6 = [0.1] * 6
+
+
+def metric_samples(text: str, name: str) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (s.name, s.labels, s.value)
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name.startswith(name)
+    ]
+
+
+async def test_health_ready_models(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    assert (await client.get("/readyz")).status_code == 200
+    served = {m["name"]: m for m in (await client.get("/models")).json()["models"]}
+    assert served["smoother"]["shapes"]["input"] == ["T", 16]
+    assert served["traveller"]["config"]["hidden_size"] == 128
+    assert served["traveller"]["parameters"] == 203010
+
+
+async def test_not_ready_before_startup() -> None:
+    app = create_app(Settings())
+    transport = httpx.ASGITransport(app=app)  # no lifespan: models never loaded
+    async with httpx.AsyncClient(transport=transport, base_url="http://x") as c:
+        assert (await c.get("/readyz")).status_code == 503
+        assert (await c.get("/healthz")).status_code == 200
+        r = await c.post("/smooth", json={"sequences": [[ROW16]]})
+        assert r.status_code == 503
+        assert r.json()["type"] == "not_ready"
+
+
+async def test_smooth_matches_reference(client: httpx.AsyncClient) -> None:
+    rng = np.random.default_rng(0)
+    seqs = [rng.standard_normal((n, 16)).astype(np.float32) for n in (5, 40, 1)]
+    r = await client.post("/smooth", content=orjson.dumps({"sequences": [s.tolist() for s in seqs]}))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "smoother"
+    model = models.load("smoother")
+    alpha, wx = model.alpha_smooth.detach().numpy(), model.wx.detach().numpy()
+    for s, y in zip(seqs, body["sequences"], strict=True):
+        np.testing.assert_allclose(np.array(y), smoother_reference(s, alpha, wx), atol=1e-5)
+
+
+async def test_rollout_matches_seed_loop(client: httpx.AsyncClient) -> None:
+    rng = np.random.default_rng(1)
+    seqs = [rng.standard_normal((n, 6)).astype(np.float32) for n in (3, 25)]
+    r = await client.post("/rollout", json={"inputs": [s.tolist() for s in seqs], "model": "traveller"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    model = models.load("traveller")
+    for s, y in zip(seqs, body["positions"], strict=True):
+        with torch.inference_mode():
+            ref = seed_rollout(model.lstm_layers, model.output_layer, model.activation,
+                               torch.from_numpy(s)[:, None, :])  # fmt: skip
+        np.testing.assert_allclose(np.array(y), ref.numpy(), atol=1e-5)
+
+
+async def test_concurrent_requests_are_batched(app_client: AppClient) -> None:
+    async with app_client(max_delay_ms=50.0) as (_, client):
+        bodies = [{"sequences": [[[float(i)] * 16] * (i % 7 + 1)]} for i in range(24)]
+        rs = await asyncio.gather(*(client.post("/smooth", json=b) for b in bodies))
+        assert all(r.status_code == 200 for r in rs)
+        for b, r in zip(bodies, rs, strict=True):
+            assert len(r.json()["sequences"][0]) == len(b["sequences"][0])
+        text = (await client.get("/metrics")).text
+    counts = {
+        s[0]: s[2]
+        for s in metric_samples(text, "rnnserve_batch_requests")
+        if s[1].get("model") == "smoother" and s[0] != "rnnserve_batch_requests_bucket"
+    }
+    assert counts["rnnserve_batch_requests_sum"] == 24
+    assert counts["rnnserve_batch_requests_count"] < 24  # some batch held more than one request
+
+
+def _steps(n: int, row: list[float]) -> list[list[float]]:
+    return [list(row) for _ in range(n)]
+
+
+BAD_SMOOTH: list[tuple[str, Any, int, str, str]] = [
+    ("ragged", {"sequences": [_steps(2, ROW16), [ROW16, [0.5] * 15]]}, 422,
+     "wrong_feature_count", "sequence 1, step 1: has 15 features; model 'smoother' takes 16"),
+    ("wrong width", {"sequences": [_steps(3, [1.0] * 4)]}, 422, "wrong_feature_count",
+     "sequence 0, step 0: has 4 features"),
+    ("no sequences", {"sequences": []}, 422, "empty", "'sequences' holds no sequences"),
+    ("empty sequence", {"sequences": [[ROW16], []]}, 422, "empty", "sequence 1 has no steps"),
+    ("empty step", {"sequences": [[ROW16, []]]}, 422, "empty", "sequence 0, step 1 has no features"),
+    ("string", {"sequences": [[ROW16, [*ROW16[:3], "1.5", *ROW16[4:]]]]}, 422, "not_a_number",
+     "sequence 0, step 1, feature 3: value is not a number"),
+    ("bool", {"sequences": [[[True, *ROW16[1:]]]]}, 422, "not_a_number",
+     "sequence 0, step 0, feature 0"),
+    ("null", {"sequences": [[[None, *ROW16[1:]]]]}, 422, "not_a_number", "feature 0"),
+    ("float32 overflow", {"sequences": [[ROW16, [1e39, *ROW16[1:]]]]}, 422, "non_finite",
+     "sequence 0, step 1, feature 0: value is outside float32's range"),
+    ("not a list", {"sequences": 5}, 422, "wrong_shape", "must be a list of sequences"),
+    ("2-d sequence", {"sequences": [[1.0, 2.0]]}, 422, "wrong_shape",
+     "sequence 0, step 0: expected a list of features"),
+    ("missing", {}, 422, "missing", "'sequences' is required"),
+    ("extra field", {"sequences": [[ROW16]], "sequence": 1}, 422, "unknown_field", "'sequence'"),
+    ("model not str", {"sequences": [[ROW16]], "model": 3}, 422, "string_type", "model"),
+    ("array body", [1, 2], 422, "model_type", "body"),
+    ("unknown model", {"sequences": [[ROW16]], "model": "gru"}, 404, "unknown_model",
+     "no model named 'gru' (served: smoother, traveller)"),
+    ("wrong kind", {"sequences": [[ROW16]], "model": "traveller"}, 422, "wrong_model_kind",
+     "send it to POST /rollout"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "status", "kind", "message"),
+                         [c[1:] for c in BAD_SMOOTH], ids=[c[0] for c in BAD_SMOOTH])  # fmt: skip
+async def test_bad_smooth_input(
+    client: httpx.AsyncClient, body: Any, status: int, kind: str, message: str
+) -> None:
+    r = await client.post("/smooth", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()
+    assert err["type"] == kind
+    assert message in err["detail"]
+
+
+RAW_BAD: list[tuple[str, bytes, int, str, str]] = [
+    ("NaN literal", b'{"inputs": [[[0.1, 0.1, NaN, 0.1, 0.1, 0.1]]]}', 422, "non_finite",
+     "sequence 0, step 0, feature 2: value is not a finite number"),
+    ("Infinity literal", b'{"inputs": [[[0.1, 0.1, 0.1, 0.1, 0.1, 0.1], [0, 0, 0, -Infinity, 0, 0]]]}',
+     422, "non_finite", "sequence 0, step 1, feature 3: value is not a finite number"),
+    ("huge exponent", b'{"inputs": [[[0.1, 0.1, 0.1, 0.1, 0.1, 0.1]], [[0, 1e999, 0, 0, 0, 0]]]}',
+     422, "non_finite", "sequence 1, step 0, feature 1: value is not a finite number"),
+    ("not json", b"{inputs: [", 400, "invalid_json", "body is not valid JSON"),
+    ("truncated", b'{"inputs": [[[0.1, 0.1', 400, "invalid_json", "body is not valid JSON"),
+    ("empty body", b"", 400, "invalid_json", "body is not valid JSON"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "status", "kind", "message"),
+                         [c[1:] for c in RAW_BAD], ids=[c[0] for c in RAW_BAD])  # fmt: skip
+async def test_bad_raw_rollout_body(
+    client: httpx.AsyncClient, body: bytes, status: int, kind: str, message: str
+) -> None:
+    r = await client.post("/rollout", content=body)
+    assert r.status_code == status, r.text
+    err = r.json()
+    assert err["type"] == kind
+    assert message in err["detail"]
+    assert len(r.content) < 300  # the input is not echoed back
+
+
+async def test_limits_give_413(app_client: AppClient) -> None:
+    async with app_client(
+        max_sequences_per_request=2,
+        max_sequence_length=5,
+        max_request_timesteps=8,
+        max_request_bytes=20_000,
+    ) as (_, c):
+        cases = [
+            ({"inputs": [[ROW6]] * 3}, "too_many_sequences", "3 sequences; the limit is 2"),
+            ({"inputs": [[ROW6], _steps(6, ROW6)]}, "sequence_too_long", "sequence 1 has 6 steps"),
+            ({"inputs": [_steps(5, ROW6), _steps(4, ROW6)]}, "too_many_timesteps", "9 timesteps"),
+            ({"inputs": [_steps(5, [0.123456789] * 6)] * 80}, "body_too_large", "over 20000"),
+        ]
+        for body, kind, message in cases:
+            r = await c.post("/rollout", json=body)
+            assert r.status_code == 413, r.text
+            assert r.json()["type"] == kind
+            assert message in r.json()["detail"]
+        assert (await c.post("/rollout", json={"inputs": [_steps(5, ROW6)]})).status_code == 200
+        text = (await c.get("/metrics")).text
+    rejected = {
+        s[1]["reason"]: s[2]
+        for s in metric_samples(text, "rnnserve_requests_rejected_total")
+        if s[0] == "rnnserve_requests_rejected_total"
+    }
+    assert rejected == {
+        "too_many_sequences": 1,
+        "sequence_too_long": 1,
+        "too_many_timesteps": 1,
+        "body_too_large": 1,
+    }
+
+
+async def test_model_failure_is_a_500_for_that_batch_only(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = service.runtime.run_model
+
+    def flaky(module: torch.nn.Module, packed: Any) -> Any:
+        if packed.data.shape[0] == 3:  # the poisoned request has 3 steps
+            raise RuntimeError("simulated device failure")
+        return real(module, packed)
+
+    monkeypatch.setattr(service.runtime, "run_model", flaky)
+    r = await client.post("/smooth", json={"sequences": [_steps(3, ROW16)]})
+    assert r.status_code == 500
+    assert r.json()["type"] == "internal"
+    r = await client.post("/smooth", json={"sequences": [_steps(2, ROW16)]})
+    assert r.status_code == 200
+
+
+async def test_metrics_exposition(client: httpx.AsyncClient) -> None:
+    await client.post("/rollout", json={"inputs": [[ROW6, ROW6], [ROW6]]})
+    await client.post("/rollout", json={"inputs": []})
+    r = await client.get("/metrics")
+    assert r.headers["content-type"].startswith("text/plain")
+    names = {fam.name for fam in text_string_to_metric_families(r.text)}
+    for name in (
+        "rnnserve_request_duration_seconds",
+        "rnnserve_queue_wait_seconds",
+        "rnnserve_batch_compute_seconds",
+        "rnnserve_batch_requests",
+        "rnnserve_batch_sequences",
+        "rnnserve_batch_timesteps",
+        "rnnserve_batch_active_fraction",
+        "rnnserve_queue_depth",
+        "rnnserve_requests_in_flight",
+        "rnnserve_requests_rejected",
+    ):
+        assert name in names, name
+    durations = {
+        (s[1]["endpoint"], s[1]["model"], s[1]["code"]): s[2]
+        for s in metric_samples(r.text, "rnnserve_request_duration_seconds_count")
+    }
+    assert durations[("rollout", "traveller", "200")] == 1
+    assert durations[("rollout", "unknown", "422")] == 1
+    ts = metric_samples(r.text, "rnnserve_batch_timesteps_sum")
+    assert [s[2] for s in ts if s[1]["model"] == "traveller"] == [3.0]
+    frac = metric_samples(r.text, "rnnserve_batch_active_fraction_sum")
+    assert [s[2] for s in frac if s[1]["model"] == "traveller"] == [0.75]
+
+
+async def test_openapi_documents_the_bodies(client: httpx.AsyncClient) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    body = spec["paths"]["/smooth"]["post"]["requestBody"]["content"]["application/json"]
+    assert "sequences" in body["schema"]["properties"]
+    assert "422" in spec["paths"]["/rollout"]["post"]["responses"]

@@ -1,0 +1,67 @@
+"""Independent references the models are checked against.
+
+- the smoother: pandas' ``ewm(adjust=False)``, per feature;
+- the Traveller: the seed's own step-by-step loop (seed 002), calling ``nn.LSTM`` once per step
+  with the hidden state carried over, using the module's own ``lstm_layers`` and
+  ``output_layer``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+
+def smoother_reference(x: np.ndarray, alpha: np.ndarray, wx: np.ndarray) -> np.ndarray:
+    """``tanh(wx * ewm(x))`` with pandas doing the recursion; ``x``: [T, F] -> [T, F]."""
+    x64 = x.astype(np.float64)
+    s = np.stack(
+        [
+            pd.Series(x64[:, f]).ewm(alpha=1 - float(alpha[f]), adjust=False).mean().to_numpy()
+            for f in range(x.shape[1])
+        ],
+        axis=1,
+    )
+    return np.tanh(wx.astype(np.float64) * s)
+
+
+def seed_rollout(
+    lstm_layers: nn.LSTM, output_layer: nn.Linear, activation: nn.Module, inputs: torch.Tensor
+) -> torch.Tensor:
+    """Seed 002's forward, verbatim in spirit: ``inputs`` [T, 1, num_inputs] -> [T, 2]."""
+    assert inputs.shape[1] == 1, "window should always be 1 since we're not using sequences"
+    hidden_state = None
+    prev_position = torch.zeros((1, 1, 2), device=inputs.device, dtype=inputs.dtype)
+    positions_list = []
+    for t in range(inputs.size(0)):
+        current_inputs = inputs[t : t + 1]
+        input_data = torch.cat([prev_position, current_inputs], dim=2)
+        lstm_out, hidden_state = lstm_layers(input_data, hidden_state)
+        out = output_layer(lstm_out)
+        position = activation(out)
+        prev_position = position
+        positions_list.append(position)
+    positions = torch.cat(positions_list, dim=0).squeeze(dim=1)
+    assert positions.shape == (inputs.shape[0], 2)
+    return positions
+
+
+class SeedTraveller(nn.Module):
+    """The seed's class layout (without its bugs), to prove state_dicts interchange."""
+
+    def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float):
+        super().__init__()
+        self.lstm_layers = nn.LSTM(
+            input_size=num_inputs + 2,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            dropout=dropout,
+            batch_first=True,
+        )
+        self.output_layer = nn.Linear(in_features=hidden_size, out_features=2)
+        self.activation = nn.Tanh()
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return seed_rollout(self.lstm_layers, self.output_layer, self.activation, inputs)

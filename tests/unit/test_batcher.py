@@ -1,0 +1,259 @@
+"""The dynamic batcher with fake handlers: no HTTP, no models."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from service.batching import (
+    BatcherClosed,
+    DynamicBatcher,
+    HandlerResultMismatch,
+    QueueFull,
+)
+
+
+class Recorder:
+    """A handler that records its batches and can be held on an event."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.release = asyncio.Event()
+        self.release.set()
+        self.entered = asyncio.Event()
+
+    async def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        self.entered.set()
+        await self.release.wait()
+        return [i * 10 for i in items]
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.batches: list[dict[str, object]] = []
+        self.depths: list[int] = []
+
+    def on_queue_depth(self, name: str, depth: int) -> None:
+        self.depths.append(depth)
+
+    def on_batch(self, name: str, **kw: object) -> None:
+        self.batches.append(kw)
+
+
+async def test_full_batch_runs_without_waiting_for_the_delay() -> None:
+    handler = Recorder()
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=4, max_delay_s=30)
+    b.start()
+    results = await asyncio.wait_for(asyncio.gather(*(b.submit(i) for i in range(4))), 5)
+    assert results == [0, 10, 20, 30]
+    assert handler.batches == [[0, 1, 2, 3]]
+    await b.close()
+
+
+async def test_partial_batch_runs_after_the_delay() -> None:
+    handler = Recorder()
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=100, max_delay_s=0.05)
+    b.start()
+    results = await asyncio.wait_for(asyncio.gather(b.submit(1), b.submit(2)), 5)
+    assert results == [10, 20]
+    assert handler.batches == [[1, 2]]
+    await b.close()
+
+
+async def test_requests_wait_while_a_batch_runs_and_then_batch_together() -> None:
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=8, max_delay_s=0)
+    b.start()
+    first = asyncio.ensure_future(b.submit(0))
+    await asyncio.wait_for(handler.entered.wait(), 5)
+    rest = [asyncio.ensure_future(b.submit(i)) for i in range(1, 6)]
+    await asyncio.sleep(0.05)
+    assert not any(t.done() for t in rest)  # held: the handler has not returned
+    assert b.queue_depth == 5
+    handler.release.set()
+    assert await asyncio.wait_for(asyncio.gather(first, *rest), 5) == [0, 10, 20, 30, 40, 50]
+    assert handler.batches == [[0], [1, 2, 3, 4, 5]]
+    await b.close()
+
+
+async def test_size_and_cost_budgets_split_batches() -> None:
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(
+        handler, max_batch_size=5, max_batch_cost=100, max_delay_s=0
+    )
+    b.start()
+    blocker = asyncio.ensure_future(b.submit(-1))
+    await handler.entered.wait()
+    futs = [
+        asyncio.ensure_future(b.submit(1, size=3, cost=10)),
+        asyncio.ensure_future(b.submit(2, size=2, cost=10)),  # 5 sequences: full
+        asyncio.ensure_future(b.submit(3, size=1, cost=90)),
+        asyncio.ensure_future(b.submit(4, size=1, cost=20)),  # over the cost budget
+        asyncio.ensure_future(b.submit(5, size=9, cost=1)),  # alone: larger than a batch
+    ]
+    await asyncio.sleep(0.01)
+    handler.release.set()
+    await asyncio.wait_for(asyncio.gather(blocker, *futs), 5)
+    assert handler.batches == [[-1], [1, 2], [3], [4], [5]]
+    await b.close()
+
+
+async def test_a_failing_batch_fails_only_its_callers() -> None:
+    calls = 0
+
+    async def handler(items: list[int]) -> list[int]:
+        nonlocal calls
+        calls += 1
+        if 13 in items:
+            raise RuntimeError("boom")
+        return items
+
+    observer = Observer()
+    b: DynamicBatcher[int, int] = DynamicBatcher(
+        handler, max_batch_size=2, max_delay_s=0.01, observer=observer
+    )
+    b.start()
+    bad = await asyncio.gather(b.submit(13), b.submit(14), return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in bad)
+    good = await asyncio.gather(b.submit(1), b.submit(2))
+    assert good == [1, 2]
+    assert [o["ok"] for o in observer.batches] == [False, True]
+    await b.close()
+
+
+async def test_wrong_number_of_results_fails_the_batch() -> None:
+    async def handler(items: list[int]) -> Sequence[int]:
+        return items[:-1]
+
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=2, max_delay_s=0.01)
+    b.start()
+    out = await asyncio.gather(b.submit(1), b.submit(2), return_exceptions=True)
+    assert all(isinstance(r, HandlerResultMismatch) for r in out)
+    await b.close()
+
+
+async def test_a_cancelled_caller_is_skipped_and_others_are_served() -> None:
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=8, max_delay_s=0)
+    b.start()
+    first = asyncio.ensure_future(b.submit(0))
+    await handler.entered.wait()
+    gone = asyncio.ensure_future(b.submit(1))
+    stays = asyncio.ensure_future(b.submit(2))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    handler.release.set()
+    assert await asyncio.wait_for(asyncio.gather(first, stays), 5) == [0, 20]
+    assert gone.cancelled()
+    assert handler.batches == [[0], [2]]
+    await b.close()
+
+
+async def test_cancelling_a_caller_while_its_batch_runs_leaves_the_rest() -> None:
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=2, max_delay_s=1)
+    b.start()
+    a = asyncio.ensure_future(b.submit(1))
+    c = asyncio.ensure_future(b.submit(2))
+    await handler.entered.wait()
+    a.cancel()
+    handler.release.set()
+    assert await asyncio.wait_for(c, 5) == 20
+    assert a.cancelled()
+    await b.close()
+
+
+async def test_queue_limit_rejects_with_queue_full() -> None:
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(
+        handler, max_batch_size=1, max_delay_s=0, max_queue_size=2
+    )
+    b.start()
+    running = asyncio.ensure_future(b.submit(0))
+    await handler.entered.wait()
+    queued = [asyncio.ensure_future(b.submit(i)) for i in (1, 2)]
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull):
+        await b.submit(3)
+    handler.release.set()
+    assert await asyncio.gather(running, *queued) == [0, 10, 20]
+    await b.close()
+
+
+async def test_close_drains_queued_work_then_refuses_new() -> None:
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=1, max_delay_s=0)
+    b.start()
+    futs = [asyncio.ensure_future(b.submit(i)) for i in range(3)]
+    await handler.entered.wait()
+    closing = asyncio.ensure_future(b.close(timeout=5))
+    await asyncio.sleep(0.01)
+    with pytest.raises(BatcherClosed):
+        await b.submit(9)
+    handler.release.set()
+    await closing
+    assert await asyncio.gather(*futs) == [0, 10, 20]
+
+
+async def test_close_timeout_fails_what_is_left() -> None:
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=1, max_delay_s=0)
+    b.start()
+    running = asyncio.ensure_future(b.submit(0))
+    queued = asyncio.ensure_future(b.submit(1))
+    await handler.entered.wait()
+    await b.close(timeout=0.05)
+    assert running.cancelled()
+    with pytest.raises(BatcherClosed):
+        await queued
+
+
+async def test_observer_sees_depth_sizes_and_waits() -> None:
+    observer = Observer()
+    handler = Recorder()
+    b: DynamicBatcher[int, int] = DynamicBatcher(
+        handler, max_batch_size=3, max_delay_s=1, observer=observer, name="m"
+    )
+    b.start()
+    await asyncio.gather(*(b.submit(i, size=1, cost=7) for i in range(3)))
+    (batch,) = observer.batches
+    assert batch["items"] == 3
+    assert batch["size"] == 3
+    assert batch["cost"] == 21
+    waits = batch["queue_waits"]
+    assert isinstance(waits, list)
+    assert len(waits) == 3
+    assert all(w >= 0 for w in waits)
+    assert max(observer.depths) == 3
+    assert observer.depths[-1] == 0
+    await b.close()
+
+
+def test_arguments_are_checked() -> None:
+    async def h(items: list[int]) -> list[int]:
+        return items
+
+    with pytest.raises(ValueError, match="max_batch_size"):
+        DynamicBatcher(h, max_batch_size=0, max_delay_s=0)
+    with pytest.raises(ValueError, match="max_delay_s"):
+        DynamicBatcher(h, max_batch_size=1, max_delay_s=-1)
+    with pytest.raises(ValueError, match="max_queue_size"):
+        DynamicBatcher(h, max_batch_size=1, max_delay_s=0, max_queue_size=0)
+
+
+async def test_submit_before_start_is_refused() -> None:
+    async def h(items: list[int]) -> list[int]:
+        return items
+
+    with pytest.raises(BatcherClosed):
+        await DynamicBatcher(h, max_batch_size=1, max_delay_s=0).submit(1)

@@ -1,0 +1,133 @@
+"""The smoother against pandas' ewm, across kernels, batch layouts and autograd."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.nn.utils.rnn import PackedSequence, pack_sequence
+
+import models
+from models.kernels import ema_packed_numba, ema_packed_torch
+from models.packing import pack, unpack
+from models.smoothing import LinearRecursion
+from tests.references import smoother_reference
+
+
+def make_model(feat_dim: int, seed: int = 0) -> LinearRecursion:
+    gen = torch.Generator().manual_seed(seed)
+    model = LinearRecursion(feat_dim)
+    with torch.no_grad():
+        model.alpha_smooth.copy_(0.05 + 0.9 * torch.rand(feat_dim, generator=gen))
+        model.wx.copy_(0.2 + 1.5 * torch.rand(feat_dim, generator=gen))
+    return model.eval()
+
+
+def params(model: LinearRecursion) -> tuple[np.ndarray, np.ndarray]:
+    return model.alpha_smooth.detach().numpy(), model.wx.detach().numpy()
+
+
+@pytest.mark.parametrize("kernel", ["numba", "torch", "auto"])
+def test_matches_pandas_ewm(kernel: str) -> None:
+    rng = np.random.default_rng(1)
+    model = make_model(8)
+    model.kernel = kernel  # type: ignore[assignment]
+    seqs = [rng.standard_normal((n, 8)).astype(np.float32) for n in (1, 17, 250, 3)]
+    with torch.inference_mode():
+        out = unpack(model(pack([torch.from_numpy(s) for s in seqs])))
+    alpha, wx = params(model)
+    for s, y in zip(seqs, out, strict=True):
+        np.testing.assert_allclose(y.numpy(), smoother_reference(s, alpha, wx), atol=1e-5)
+
+
+def test_first_step_is_the_input_not_zero() -> None:
+    # s_0 = x_0 (seed 000's "no torch.scan" variant started from s_{-1} = 0)
+    model = make_model(4)
+    x = torch.tensor([[0.3, -0.2, 0.9, 0.1]])
+    with torch.inference_mode():
+        y = model(pack([x])).data
+    torch.testing.assert_close(y, torch.tanh(model.wx * x))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12),
+    feat_dim=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_packed_batch_equals_each_sequence_alone(
+    lengths: list[int], feat_dim: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    model = make_model(feat_dim, seed)
+    seqs = [torch.from_numpy(rng.standard_normal((n, feat_dim)).astype(np.float32)) for n in lengths]
+    with torch.inference_mode():
+        together = unpack(model(pack(seqs)))
+        for s, y in zip(seqs, together, strict=True):
+            alone = model(pack([s])).data
+            torch.testing.assert_close(y, alone, atol=1e-5, rtol=0)
+
+
+def test_keeps_packed_metadata() -> None:
+    model = make_model(3)
+    packed = pack_sequence([torch.randn(4, 3), torch.randn(6, 3)], enforce_sorted=False)
+    with torch.inference_mode():
+        out = model(packed)
+    assert isinstance(out, PackedSequence)
+    assert torch.equal(out.batch_sizes, packed.batch_sizes)
+    assert torch.equal(out.sorted_indices, packed.sorted_indices)
+    assert torch.equal(out.unsorted_indices, packed.unsorted_indices)
+
+
+def test_refuses_a_plain_tensor() -> None:
+    with pytest.raises(TypeError, match="PackedSequence"):
+        make_model(3)(torch.randn(5, 3))  # type: ignore[arg-type]
+
+
+def test_refuses_wrong_feature_count() -> None:
+    with pytest.raises(ValueError, match=r"\[N, 3\]"):
+        make_model(3)(pack([torch.randn(5, 4)]))
+
+
+def test_numba_and_torch_kernels_agree_in_float64() -> None:
+    rng = np.random.default_rng(3)
+    seqs = [torch.from_numpy(rng.standard_normal((n, 5))) for n in (9, 30, 2)]
+    packed = pack(seqs)
+    alpha = torch.rand(5, dtype=torch.float64)
+    a = ema_packed_numba(packed.data, packed.batch_sizes, alpha)
+    b = ema_packed_torch(packed.data, packed.batch_sizes, alpha)
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_gradients_flow_to_alpha_and_wx() -> None:
+    """Training uses the differentiable torch kernel; check its gradient numerically."""
+    torch.manual_seed(0)
+    model = LinearRecursion(3, alpha_smooth=0.4).double()
+    seqs = [torch.randn(n, 3, dtype=torch.float64) for n in (5, 3)]
+    packed = pack(seqs)
+
+    def loss(alpha: torch.Tensor, wx: torch.Tensor) -> torch.Tensor:
+        s = ema_packed_torch(packed.data, packed.batch_sizes, alpha)
+        return torch.tanh(wx * s).sum()
+
+    alpha = torch.full((3,), 0.4, dtype=torch.float64, requires_grad=True)
+    wx = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(loss, (alpha, wx))
+    out = model(packed)  # kernel "auto" picks the torch path because grad is needed
+    out.data.sum().backward()
+    assert model.alpha_smooth.grad is not None
+    assert model.alpha_smooth.grad.abs().sum() > 0
+
+
+def test_default_weights_load_and_match_reference() -> None:
+    model = models.load("smoother")
+    assert isinstance(model, LinearRecursion)
+    assert set(model.state_dict()) == {"alpha_smooth", "wx"}
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((50, 16)).astype(np.float32)
+    with torch.inference_mode():
+        y = model(pack([torch.from_numpy(x)])).data.numpy()
+    alpha, wx = params(model)
+    np.testing.assert_allclose(y, smoother_reference(x, alpha, wx), atol=1e-5)
