@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models.smoothing import LinearRecursion, SmootherConfig
@@ -58,11 +59,20 @@ def kind_of(model: nn.Module) -> str:
     raise TypeError(f"not an rnnserve model: {type(model).__name__}")
 
 
+def _config(model: nn.Module) -> dict[str, Any]:
+    """Constructor arguments that rebuild ``model``'s architecture."""
+    if isinstance(model, LinearRecursion):
+        config = asdict(model.config)
+        config.pop("alpha_smooth")  # an initial value only; the weights carry alpha
+        return config
+    if isinstance(model, Traveller):
+        return asdict(model.config)
+    raise TypeError(f"not an rnnserve model: {type(model).__name__}")
+
+
 def save(model: nn.Module, path: str | Path) -> None:
     """Write ``model``'s weights, kind and config to a safetensors file."""
-    config = asdict(model.config)
-    if isinstance(model, LinearRecursion):
-        config.pop("alpha_smooth")  # an initial value only; the weights carry alpha
+    config = _config(model)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta = {"kind": kind_of(model), "config": json.dumps(config)}
     save_file(tensors, str(path), metadata=meta)
@@ -106,9 +116,8 @@ def load(
 def describe(model: nn.Module) -> dict[str, Any]:
     """Kind, config, tensor shapes and parameter count, as ``GET /models`` shows them."""
     kind = kind_of(model)
-    config = asdict(model.config)
+    config = _config(model)
     if isinstance(model, LinearRecursion):
-        config.pop("alpha_smooth")
         shapes = {"input": ["T", model.feat_dim], "output": ["T", model.feat_dim]}
     else:
         assert isinstance(model, Traveller)

@@ -16,7 +16,11 @@ from torch.nn.utils.rnn import PackedSequence, pack_sequence, unpack_sequence
 def pack(sequences: Sequence[Tensor], device: torch.device | str | None = None) -> PackedSequence:
     """Pack ``[T_i, F]`` tensors (any order, any lengths >= 1) into one PackedSequence."""
     packed = pack_sequence(list(sequences), enforce_sorted=False)
-    return packed.to(device) if device is not None else packed
+    if device is None or torch.device(device) == packed.data.device:
+        return packed
+    # packed on the CPU, then moved in one copy (batch_sizes stays on the CPU by design)
+    moved: PackedSequence = packed.to(torch.device(device))  # type: ignore[arg-type]
+    return moved
 
 
 def unpack(packed: PackedSequence) -> list[Tensor]:

@@ -151,13 +151,16 @@ class Traveller(nn.Module):
         w_cat, bias, w_out, b_out = self.fused_weights()
         sizes: list[int] = inputs.batch_sizes.tolist()
         out = self._rollout_fn(inputs.data, sizes, w_cat, bias, w_out, b_out)
-        return PackedSequence(out, inputs.batch_sizes, inputs.sorted_indices, inputs.unsorted_indices)
+        return PackedSequence(
+            out, inputs.batch_sizes, inputs.sorted_indices, inputs.unsorted_indices
+        )
 
     def forward(self, inputs: Tensor) -> Tensor:
         """The seed's single-sequence interface: ``[T, 1, num_inputs]`` -> ``[T, 2]``."""
         if inputs.dim() != 3 or inputs.shape[1] != 1:
-            raise ValueError(f"expected inputs of shape [T, 1, {self.num_inputs}], got "
-                             f"{list(inputs.shape)}")
+            raise ValueError(
+                f"expected inputs of shape [T, 1, {self.num_inputs}], got {list(inputs.shape)}"
+            )
         u = inputs[:, 0, :]
         self._check_width(u)
         if self.training and self.dropout > 0:
@@ -177,5 +180,7 @@ class Traveller(nn.Module):
 
     def _check_width(self, u: Tensor) -> None:
         if u.dim() != 2 or u.shape[1] != self.num_inputs:
-            raise ValueError(f"expected inputs with {self.num_inputs} features per step, got "
-                             f"shape {list(u.shape)}")
+            raise ValueError(
+                f"expected inputs with {self.num_inputs} features per step, got "
+                f"shape {list(u.shape)}"
+            )

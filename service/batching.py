@@ -131,14 +131,14 @@ class DynamicBatcher(Generic[T, R]):
         self._arrived.set()
         return await future  # cancelling the caller cancels the future; the loop skips it
 
-    async def close(self, timeout: float | None = None) -> None:
-        """Stop taking items, finish the queued ones, then stop (cancel after ``timeout``)."""
+    async def close(self, drain_timeout_s: float | None = None) -> None:
+        """Stop taking items, finish queued ones, then stop; cancel after ``drain_timeout_s``."""
         self._closing = True
         self._arrived.set()
         if self._task is None:
             return
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            await asyncio.wait_for(asyncio.shield(self._task), drain_timeout_s)
         except TimeoutError:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import Sequence
 
@@ -14,7 +15,7 @@ from service.config import Settings
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    settings = Settings(_cli_parse_args=args)  # type: ignore[call-arg]
+    settings = Settings(_cli_parse_args=args)
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -25,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.access_log,
-        timeout_graceful_shutdown=settings.drain_timeout_s,
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
     )
 
 

@@ -22,7 +22,9 @@ class Settings(BaseSettings):
     )
 
     host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 to accept remote clients.")
-    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on (0 picks a free one).")
+    port: int = Field(
+        8000, ge=0, le=65535, description="TCP port to listen on (0 picks a free one)."
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log level of rnnserve and uvicorn."
     )

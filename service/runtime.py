@@ -160,7 +160,7 @@ class ModelRuntime:
         flat = [torch.from_numpy(a) for item in items for a in item]
         with torch.inference_mode():
             out = run_model(module, pack(flat, self.device))
-            outputs = unpack(out.to("cpu"))
+            outputs = unpack(out.cpu())
         if record and self.metrics is not None:
             frac = active_fraction([len(t) for t in flat])
             self.metrics.batch_active_fraction.labels(name).observe(frac)

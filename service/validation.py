@@ -86,7 +86,8 @@ def parse_body(body: bytes, schema: type[BaseModel], field: str) -> tuple[str | 
         req = schema.model_validate_json(body)
     except pydantic.ValidationError as exc:
         raise _from_pydantic(exc, field) from None
-    return getattr(req, "model"), getattr(req, field)
+    fields = vars(req)
+    return fields["model"], fields[field]
 
 
 def _from_pydantic(exc: pydantic.ValidationError, field: str) -> RequestError:
@@ -97,8 +98,12 @@ def _from_pydantic(exc: pydantic.ValidationError, field: str) -> RequestError:
         msg = str(err["msg"])
         return RequestError(400, "invalid_json", f"body is not valid JSON: {msg}")
     where = _where(loc) if loc[:1] == (field,) else ""
-    path = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in
-                   enumerate(loc)) or "body"
+    path = (
+        "".join(
+            f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(loc)
+        )
+        or "body"
+    )
     if kind == "too_short" and loc[:1] == (field,):
         what = f"'{field}'" if len(loc) == 1 else where
         return RequestError(422, "empty", f"{what} {_EMPTY[len(loc)]}", loc)

@@ -55,7 +55,9 @@ async def test_not_ready_before_startup() -> None:
 async def test_smooth_matches_reference(client: httpx.AsyncClient) -> None:
     rng = np.random.default_rng(0)
     seqs = [rng.standard_normal((n, 16)).astype(np.float32) for n in (5, 40, 1)]
-    r = await client.post("/smooth", content=orjson.dumps({"sequences": [s.tolist() for s in seqs]}))
+    r = await client.post(
+        "/smooth", content=orjson.dumps({"sequences": [s.tolist() for s in seqs]})
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model"] == "smoother"
@@ -68,7 +70,9 @@ async def test_smooth_matches_reference(client: httpx.AsyncClient) -> None:
 async def test_rollout_matches_seed_loop(client: httpx.AsyncClient) -> None:
     rng = np.random.default_rng(1)
     seqs = [rng.standard_normal((n, 6)).astype(np.float32) for n in (3, 25)]
-    r = await client.post("/rollout", json={"inputs": [s.tolist() for s in seqs], "model": "traveller"})
+    r = await client.post(
+        "/rollout", json={"inputs": [s.tolist() for s in seqs], "model": "traveller"}
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     model = models.load("traveller")
@@ -101,32 +105,78 @@ def _steps(n: int, row: list[float]) -> list[list[float]]:
 
 
 BAD_SMOOTH: list[tuple[str, Any, int, str, str]] = [
-    ("ragged", {"sequences": [_steps(2, ROW16), [ROW16, [0.5] * 15]]}, 422,
-     "wrong_feature_count", "sequence 1, step 1: has 15 features; model 'smoother' takes 16"),
-    ("wrong width", {"sequences": [_steps(3, [1.0] * 4)]}, 422, "wrong_feature_count",
-     "sequence 0, step 0: has 4 features"),
+    (
+        "ragged",
+        {"sequences": [_steps(2, ROW16), [ROW16, [0.5] * 15]]},
+        422,
+        "wrong_feature_count",
+        "sequence 1, step 1: has 15 features; model 'smoother' takes 16",
+    ),
+    (
+        "wrong width",
+        {"sequences": [_steps(3, [1.0] * 4)]},
+        422,
+        "wrong_feature_count",
+        "sequence 0, step 0: has 4 features",
+    ),
     ("no sequences", {"sequences": []}, 422, "empty", "'sequences' holds no sequences"),
     ("empty sequence", {"sequences": [[ROW16], []]}, 422, "empty", "sequence 1 has no steps"),
-    ("empty step", {"sequences": [[ROW16, []]]}, 422, "empty", "sequence 0, step 1 has no features"),
-    ("string", {"sequences": [[ROW16, [*ROW16[:3], "1.5", *ROW16[4:]]]]}, 422, "not_a_number",
-     "sequence 0, step 1, feature 3: value is not a number"),
-    ("bool", {"sequences": [[[True, *ROW16[1:]]]]}, 422, "not_a_number",
-     "sequence 0, step 0, feature 0"),
+    (
+        "empty step",
+        {"sequences": [[ROW16, []]]},
+        422,
+        "empty",
+        "sequence 0, step 1 has no features",
+    ),
+    (
+        "string",
+        {"sequences": [[ROW16, [*ROW16[:3], "1.5", *ROW16[4:]]]]},
+        422,
+        "not_a_number",
+        "sequence 0, step 1, feature 3: value is not a number",
+    ),
+    (
+        "bool",
+        {"sequences": [[[True, *ROW16[1:]]]]},
+        422,
+        "not_a_number",
+        "sequence 0, step 0, feature 0",
+    ),
     ("null", {"sequences": [[[None, *ROW16[1:]]]]}, 422, "not_a_number", "feature 0"),
-    ("float32 overflow", {"sequences": [[ROW16, [1e39, *ROW16[1:]]]]}, 422, "non_finite",
-     "sequence 0, step 1, feature 0: value is outside float32's range"),
+    (
+        "float32 overflow",
+        {"sequences": [[ROW16, [1e39, *ROW16[1:]]]]},
+        422,
+        "non_finite",
+        "sequence 0, step 1, feature 0: value is outside float32's range",
+    ),
     ("not a list", {"sequences": 5}, 422, "wrong_shape", "must be a list of sequences"),
-    ("2-d sequence", {"sequences": [[1.0, 2.0]]}, 422, "wrong_shape",
-     "sequence 0, step 0: expected a list of features"),
+    (
+        "2-d sequence",
+        {"sequences": [[1.0, 2.0]]},
+        422,
+        "wrong_shape",
+        "sequence 0, step 0: expected a list of features",
+    ),
     ("missing", {}, 422, "missing", "'sequences' is required"),
     ("extra field", {"sequences": [[ROW16]], "sequence": 1}, 422, "unknown_field", "'sequence'"),
     ("model not str", {"sequences": [[ROW16]], "model": 3}, 422, "string_type", "model"),
     ("array body", [1, 2], 422, "model_type", "body"),
-    ("unknown model", {"sequences": [[ROW16]], "model": "gru"}, 404, "unknown_model",
-     "no model named 'gru' (served: smoother, traveller)"),
-    ("wrong kind", {"sequences": [[ROW16]], "model": "traveller"}, 422, "wrong_model_kind",
-     "send it to POST /rollout"),
-]  # fmt: skip
+    (
+        "unknown model",
+        {"sequences": [[ROW16]], "model": "gru"},
+        404,
+        "unknown_model",
+        "no model named 'gru' (served: smoother, traveller)",
+    ),
+    (
+        "wrong kind",
+        {"sequences": [[ROW16]], "model": "traveller"},
+        422,
+        "wrong_model_kind",
+        "send it to POST /rollout",
+    ),
+]
 
 
 @pytest.mark.parametrize(("body", "status", "kind", "message"),
@@ -142,16 +192,31 @@ async def test_bad_smooth_input(
 
 
 RAW_BAD: list[tuple[str, bytes, int, str, str]] = [
-    ("NaN literal", b'{"inputs": [[[0.1, 0.1, NaN, 0.1, 0.1, 0.1]]]}', 422, "non_finite",
-     "sequence 0, step 0, feature 2: value is not a finite number"),
-    ("Infinity literal", b'{"inputs": [[[0.1, 0.1, 0.1, 0.1, 0.1, 0.1], [0, 0, 0, -Infinity, 0, 0]]]}',
-     422, "non_finite", "sequence 0, step 1, feature 3: value is not a finite number"),
-    ("huge exponent", b'{"inputs": [[[0.1, 0.1, 0.1, 0.1, 0.1, 0.1]], [[0, 1e999, 0, 0, 0, 0]]]}',
-     422, "non_finite", "sequence 1, step 0, feature 1: value is not a finite number"),
+    (
+        "NaN literal",
+        b'{"inputs": [[[0.1, 0.1, NaN, 0.1, 0.1, 0.1]]]}',
+        422,
+        "non_finite",
+        "sequence 0, step 0, feature 2: value is not a finite number",
+    ),
+    (
+        "Infinity literal",
+        b'{"inputs": [[[0.1, 0.1, 0.1, 0.1, 0.1, 0.1], [0, 0, 0, -Infinity, 0, 0]]]}',
+        422,
+        "non_finite",
+        "sequence 0, step 1, feature 3: value is not a finite number",
+    ),
+    (
+        "huge exponent",
+        b'{"inputs": [[[0.1, 0.1, 0.1, 0.1, 0.1, 0.1]], [[0, 1e999, 0, 0, 0, 0]]]}',
+        422,
+        "non_finite",
+        "sequence 1, step 0, feature 1: value is not a finite number",
+    ),
     ("not json", b"{inputs: [", 400, "invalid_json", "body is not valid JSON"),
     ("truncated", b'{"inputs": [[[0.1, 0.1', 400, "invalid_json", "body is not valid JSON"),
     ("empty body", b"", 400, "invalid_json", "body is not valid JSON"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("body", "status", "kind", "message"),

@@ -195,7 +195,7 @@ async def test_close_drains_queued_work_then_refuses_new() -> None:
     b.start()
     futs = [asyncio.ensure_future(b.submit(i)) for i in range(3)]
     await handler.entered.wait()
-    closing = asyncio.ensure_future(b.close(timeout=5))
+    closing = asyncio.ensure_future(b.close(drain_timeout_s=5))
     await asyncio.sleep(0.01)
     with pytest.raises(BatcherClosed):
         await b.submit(9)
@@ -212,7 +212,7 @@ async def test_close_timeout_fails_what_is_left() -> None:
     running = asyncio.ensure_future(b.submit(0))
     queued = asyncio.ensure_future(b.submit(1))
     await handler.entered.wait()
-    await b.close(timeout=0.05)
+    await b.close(drain_timeout_s=0.05)
     assert running.cancelled()
     with pytest.raises(BatcherClosed):
         await queued

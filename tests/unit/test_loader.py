@@ -21,9 +21,7 @@ def test_bundled_models() -> None:
 
 
 def test_shipped_weights_are_what_the_script_makes(tmp_path: Path) -> None:
-    subprocess.run(
-        [sys.executable, "scripts/make_weights.py", str(tmp_path)], cwd=ROOT, check=True
-    )
+    subprocess.run([sys.executable, "scripts/make_weights.py", str(tmp_path)], cwd=ROOT, check=True)
     for name in ("smoother", "traveller"):
         made = load_file(str(tmp_path / f"{name}.safetensors"))
         shipped = load_file(str(models.DEFAULT_MODEL_DIR / f"{name}.safetensors"))

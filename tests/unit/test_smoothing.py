@@ -62,7 +62,9 @@ def test_packed_batch_equals_each_sequence_alone(
 ) -> None:
     rng = np.random.default_rng(seed)
     model = make_model(feat_dim, seed)
-    seqs = [torch.from_numpy(rng.standard_normal((n, feat_dim)).astype(np.float32)) for n in lengths]
+    seqs = [
+        torch.from_numpy(rng.standard_normal((n, feat_dim)).astype(np.float32)) for n in lengths
+    ]
     with torch.inference_mode():
         together = unpack(model(pack(seqs)))
         for s, y in zip(seqs, together, strict=True):
