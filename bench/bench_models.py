@@ -73,7 +73,7 @@ FULL = Plan(
     quick=False,
     smoother_shapes=((64, 1000), (256, 200), (1, 4000)),
     traveller_shapes=((1, 1000), (64, 500)),
-    rounds=15,
+    rounds=21,
     slow_rounds=3,
     sample_s=0.05,
 )
@@ -254,7 +254,9 @@ class Row:
     name: str
     timing: Timing
     ratio: float  # median over the reference's median, same run
-    steps: int  # T_max: time steps of the batch
+    batch: int  # B
+    steps: int  # T = max length: time steps of the batch
+    packed_rows: int  # N = sum of the lengths
 
 
 @dataclass
@@ -262,7 +264,6 @@ class Results:
     smoother: list[Row] = field(default_factory=list)
     traveller: list[Row] = field(default_factory=list)
     compile: list[tuple[str, str]] = field(default_factory=list)  # (what, figure)
-    smoother_rows: dict[str, int] = field(default_factory=dict)  # shape -> packed rows N
 
 
 SMOOTHER_FLOOR = "torch.tanh (floor)"
@@ -301,13 +302,13 @@ def bench_smoother(plan: Plan, res: Results) -> None:
         label = shape_label(batch, steps)
         _log(f"smoother {label}")
         x = pack(random_sequences(spread_lengths(batch, steps), plan.feat_dim, seed=i))
-        res.smoother_rows[label] = x.data.shape[0]
         cases = smoother_cases(x, auto, torch_k)
         timings = measure(cases, plan)
         floor = timings[SMOOTHER_FLOOR].median
         for case in cases:
             t = timings[case.name]
-            res.smoother.append(Row(label, case.name, t, t.median / floor, steps))
+            ratio = t.median / floor
+            res.smoother.append(Row(label, case.name, t, ratio, batch, steps, x.data.shape[0]))
 
 
 def traveller_cases(
@@ -352,7 +353,9 @@ def bench_traveller(plan: Plan, res: Results, base: Traveller) -> None:
         ref = timings[TRAVELLER_BOUND].median
         for case in cases:
             t = timings[case.name]
-            res.traveller.append(Row(label, case.name, t, t.median / ref, steps))
+            ratio = t.median / ref
+            n = sum(len(u) for u in seqs)
+            res.traveller.append(Row(label, case.name, t, ratio, batch, steps, n))
 
 
 def bench_compile(plan: Plan, res: Results, base: Traveller) -> None:
@@ -523,11 +526,25 @@ def _expectations(res: Results, plan: Plan) -> list[str]:
     )
     out.append("**Smoother.** Expected from MEASURED.md (F = 16 or 32, 2-core AVX-512 machine):")
     out.extend(lines)
+    floors = [r for r in sm if r.name == SMOOTHER_FLOOR]
+    numbas = [r for r in sm if r.name == "ema_packed_numba"]
+    if floors and numbas:
+        feat = plan.feat_dim
+        ns_tanh = max(floors, key=lambda r: r.packed_rows)
+        ns_numba = max(numbas, key=lambda r: r.packed_rows)
+        out.append(
+            f"- The floor itself: `torch.tanh` ran at "
+            f"{ns_tanh.timing.median / (ns_tanh.packed_rows * feat) * 1e9:.2f} ns per element "
+            f"at {ns_tanh.shape} (MEASURED.md: about 2.5 ns), and `ema_packed_numba` at "
+            f"{ns_numba.timing.median / (ns_numba.packed_rows * feat) * 1e9:.2f} ns per element. "
+            "A faster floor makes every ratio larger for the same absolute time, so compare "
+            "absolute times too."
+        )
     out.append("")
 
     lines = []
     for row in tr:
-        b = int(row.shape.split(",")[0].removeprefix("B="))
+        b = row.batch
         key = 1 if b == 1 else 64
         per_step = row.timing.median / row.steps * 1e6
         if row.name.startswith('Traveller.rollout, "torchscript"'):
@@ -547,7 +564,9 @@ def _expectations(res: Results, plan: Plan) -> list[str]:
                 f"{_verdict(row.ratio, EXPECTED_EAGER_HIDDEN64[key])} it."
             )
         elif row.name.startswith("seed-style"):
-            note = (
+            per_row = row.timing.median / row.packed_rows * 1e6
+            note = f" That is {per_row:.0f} µs per sequence step." if row.batch > 1 else ""
+            note += (
                 " MEASURED.md's 297 µs/step (hidden 64) is the figure to compare."
                 if b == 1
                 else " (MEASURED.md's 245 µs/step at B=64 called nn.LSTM on the whole batch per "
@@ -562,6 +581,23 @@ def _expectations(res: Results, plan: Plan) -> list[str]:
         "**Traveller.** MEASURED.md measured the rollout variants at hidden 64 and, at the "
         "default shapes (hidden 128), only the C++-of-ATen loop and JAX:"
     )
+    for shape in dict.fromkeys(r.shape for r in tr):
+        by_name = {r.name: r for r in tr if r.shape == shape}
+        ts = by_name.get('Traveller.rollout, "torchscript"')
+        eager = by_name.get('Traveller.rollout, "eager"')
+        if ts is not None and eager is not None:
+            lines.append(
+                f"- TorchScript against eager at {shape}: "
+                f"{eager.timing.median / ts.timing.median:.2f}× faster."
+            )
+        if ts is not None and ts.batch > 1:
+            active = ts.packed_rows / (ts.batch * ts.steps)
+            lines.append(
+                f"- At {shape} the bound runs the whole padded batch ({ts.batch * ts.steps:,} "
+                f"rows, {active:.0%} of them real steps) while the rollouts run only the "
+                f"{ts.packed_rows:,} real ones, so the ratio there flatters the rollouts by "
+                f"up to {1 / active:.1f}×."
+            )
     out.extend(lines)
     out.append("")
     out.append(
@@ -575,7 +611,14 @@ def _expectations(res: Results, plan: Plan) -> list[str]:
 def render(res: Results, plan: Plan, started: dt.datetime, wall_s: float, load: str) -> str:
     sm_shapes = list(dict.fromkeys(r.shape for r in res.smoother))
     tr_shapes = list(dict.fromkeys(r.shape for r in res.traveller))
-    sm_heads = [f"{s} (N={res.smoother_rows.get(s, 0):,})" for s in sm_shapes]
+    sm_heads = [
+        f"{r.shape} (N={r.packed_rows:,})" for r in res.smoother if r.name == SMOOTHER_FLOOR
+    ]
+    tr_heads = [
+        f"{r.shape} (N={r.packed_rows:,}; padded {r.batch * r.steps:,})"
+        for r in res.traveller
+        if r.name == TRAVELLER_BOUND
+    ]
     cfg = TravellerConfig()
     mode = "`--quick` (tiny sizes, smoke test only)" if plan.quick else "full"
     lines = [
@@ -617,7 +660,7 @@ def render(res: Results, plan: Plan, started: dt.datetime, wall_s: float, load: 
         "uses lengths spread evenly from T down. A step is one time step of the batch "
         "(time per call / T). Ratios (µs per step):",
         "",
-        *_summary_table(res.traveller, tr_shapes, tr_shapes, per_step=True),
+        *_summary_table(res.traveller, tr_shapes, tr_heads, per_step=True),
         "",
         *_detail_table(res.traveller, per_step=True, ref="bound"),
         "",

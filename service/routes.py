@@ -181,7 +181,7 @@ async def _infer(
     except Exception:
         log.exception("%s failed", endpoint)
         return json_response(
-            {"detail": "the model failed on this batch; see the server log", "type": "internal",
+            {"detail": "internal server error; see the server log", "type": "internal",
              "loc": []},
             500,
         )  # fmt: skip
