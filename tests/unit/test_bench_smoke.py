@@ -65,3 +65,23 @@ def test_quick_benchmark_writes_its_tables(tmp_path: Path) -> None:
             assert len(widths) == 1, table
             assert table[1].startswith("|---")
             table = []
+
+
+def test_quick_thread_layout_benchmark(tmp_path: Path) -> None:
+    out = tmp_path / "BENCH.md"
+    out.write_text("# Benchmarks\n\nkept\n", encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.bench_threads", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    text = out.read_text(encoding="utf-8")
+    assert "kept" in text
+    assert text.count("<!-- bench_threads:begin -->") == 1
+    for label in ("smoother B=64 T=1000", "traveller B=1 T=500", "traveller B=64 T=200"):
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {label} |"))
+        assert row.count("×") == 4
