@@ -85,3 +85,21 @@ def test_quick_thread_layout_benchmark(tmp_path: Path) -> None:
     for label in ("smoother B=64 T=1000", "traveller B=1 T=500", "traveller B=64 T=200"):
         row = next(ln for ln in text.splitlines() if ln.startswith(f"| {label} |"))
         assert row.count("×") == 4
+
+
+def test_quick_http_benchmark(tmp_path: Path) -> None:
+    out = tmp_path / "BENCH.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.bench_http", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [ln for ln in out.read_text(encoding="utf-8").splitlines() if ln.startswith("| `/")]
+    assert len(rows) == 4
+    batched = [r for r in rows if "dynamic batching" in r]
+    assert len(batched) == 2
+    assert all(r.count("|") == 8 for r in rows)
