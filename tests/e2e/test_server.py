@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,3 +116,37 @@ def test_help_lists_the_settings() -> None:
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True)
     for flag in ("--host", "--port", "--max-batch-size", "--max-delay-ms", "--device"):
         assert flag in out.stdout
+
+
+def _in_flight(url: str, endpoint: str) -> float:
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        if fam.name == "rnnserve_requests_in_flight":
+            for s in fam.samples:
+                if s.labels.get("endpoint") == endpoint:
+                    return s.value
+    return 0.0
+
+
+def test_sigterm_finishes_accepted_requests(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, "--max-batch-size", "2")
+    inputs = np.random.default_rng(3).standard_normal((2000, 6)).round(3).tolist()
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=120) as client:
+            tasks = [
+                asyncio.ensure_future(client.post("/rollout", json={"inputs": [inputs]}))
+                for _ in range(12)
+            ]
+            deadline = time.monotonic() + 30
+            while _in_flight(srv.url, "rollout") < 12:  # all 12 accepted, most still queued
+                assert time.monotonic() < deadline, "requests never arrived"
+                await asyncio.sleep(0.01)
+            srv.proc.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+    responses = asyncio.run(scenario())
+    assert [r.status_code for r in responses] == [200] * 12
+    first = responses[0].json()["positions"]
+    assert all(r.json()["positions"] == first for r in responses)
+    assert srv.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in srv.log.read_text()
