@@ -12,21 +12,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def run_quick(module: str, out: Path) -> None:
+    """``python -m bench.<module> --quick --out <out>`` in a subprocess; it must succeed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 def test_quick_benchmark_writes_its_tables(tmp_path: Path) -> None:
     out = tmp_path / "docs" / "BENCH.md"
     out.parent.mkdir()
     out.write_text("# Benchmarks\n\nA section someone else wrote.\n", encoding="utf-8")
 
     for _ in range(2):  # the second run replaces the first run's section
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.bench_models", "--quick", "--out", str(out)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        run_quick("bench_models", out)
 
     text = out.read_text(encoding="utf-8")
     assert "A section someone else wrote." in text
@@ -70,15 +75,7 @@ def test_quick_benchmark_writes_its_tables(tmp_path: Path) -> None:
 def test_quick_thread_layout_benchmark(tmp_path: Path) -> None:
     out = tmp_path / "BENCH.md"
     out.write_text("# Benchmarks\n\nkept\n", encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.bench_threads", "--quick", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_quick("bench_threads", out)
     text = out.read_text(encoding="utf-8")
     assert "kept" in text
     assert text.count("<!-- bench_threads:begin -->") == 1
@@ -89,15 +86,7 @@ def test_quick_thread_layout_benchmark(tmp_path: Path) -> None:
 
 def test_quick_http_benchmark(tmp_path: Path) -> None:
     out = tmp_path / "BENCH.md"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.bench_http", "--quick", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_quick("bench_http", out)
     rows = [ln for ln in out.read_text(encoding="utf-8").splitlines() if ln.startswith("| `/")]
     assert len(rows) == 4
     batched = [r for r in rows if "dynamic batching" in r]
