@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import math
 import os
 import statistics
 import sys
@@ -28,10 +29,10 @@ from pathlib import Path
 import aiohttp
 import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bench_models import DEFAULT_OUT, cpu_model, write_section
 from tests.e2e.server import start_server, stop
+from tests.metrics import value
 
 BEGIN = "<!-- bench_http:begin -->"
 END = "<!-- bench_http:end -->"
@@ -64,13 +65,11 @@ async def _load(url: str, path: str, bodies: list[bytes], per_client: int) -> li
 
 
 def _requests_per_batch(url: str, model: str) -> float:
-    values: dict[str, float] = {}
-    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
-        if fam.name == "rnnserve_batch_requests":
-            for s in fam.samples:
-                if s.labels.get("model") == model and s.name.endswith(("_sum", "_count")):
-                    values[s.name.rsplit("_", 1)[1]] = s.value
-    return values["sum"] / values["count"] if values.get("count") else float("nan")
+    text = httpx.get(f"{url}/metrics").text
+    batches = value(text, "rnnserve_batch_requests_count", model=model)
+    return (
+        value(text, "rnnserve_batch_requests_sum", model=model) / batches if batches else math.nan
+    )
 
 
 def run(quick: bool) -> list[tuple[str, str, float, float, float, float]]:

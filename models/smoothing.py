@@ -56,10 +56,8 @@ class LinearRecursion(nn.Module):
                 f"expected packed data of shape [N, {self.feat_dim}], got {list(data.shape)}"
             )
         s = self._ema(data, x.batch_sizes)
-        if s.requires_grad or s.data_ptr() == data.data_ptr():
-            y = self.activation(self.wx * s)
-        else:  # s is a fresh buffer nobody else holds: finish in place, no extra allocations
-            y = s.mul_(self.wx).tanh_()
+        # Both kernels return a fresh buffer: without autograd, finish in place (no allocations).
+        y = self.activation(self.wx * s) if s.requires_grad else s.mul_(self.wx).tanh_()
         return PackedSequence(y, x.batch_sizes, x.sorted_indices, x.unsorted_indices)
 
     def _ema(self, data: Tensor, batch_sizes: Tensor) -> Tensor:

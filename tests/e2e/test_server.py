@@ -14,10 +14,10 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
 
 import models
 from tests.e2e.server import Server, start_server, stop
+from tests.metrics import value
 from tests.references import seed_rollout, smoother_reference
 
 pytestmark = pytest.mark.e2e
@@ -34,13 +34,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def batched_requests(text: str, model: str) -> tuple[float, float]:
     """(requests served, batches run) for ``model`` from the exposition text."""
-    values = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name == "rnnserve_batch_requests":
-            for s in fam.samples:
-                if s.labels.get("model") == model and s.name.endswith(("_sum", "_count")):
-                    values[s.name.rsplit("_", 1)[1]] = s.value
-    return values["sum"], values["count"]
+    return (
+        value(text, "rnnserve_batch_requests_sum", model=model),
+        value(text, "rnnserve_batch_requests_count", model=model),
+    )
 
 
 async def _post_all(url: str, path: str, bodies: list[dict[str, object]]) -> list[httpx.Response]:
@@ -119,12 +116,7 @@ def test_help_lists_the_settings() -> None:
 
 
 def _in_flight(url: str, endpoint: str) -> float:
-    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
-        if fam.name == "rnnserve_requests_in_flight":
-            for s in fam.samples:
-                if s.labels.get("endpoint") == endpoint:
-                    return s.value
-    return 0.0
+    return value(httpx.get(f"{url}/metrics").text, "rnnserve_requests_in_flight", endpoint=endpoint)
 
 
 def test_sigterm_finishes_accepted_requests(tmp_path: Path) -> None:

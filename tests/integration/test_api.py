@@ -17,19 +17,11 @@ import service.runtime
 from service.app import create_app
 from service.config import Settings
 from tests.integration.conftest import AppClient
+from tests.metrics import samples, value
 from tests.references import seed_rollout, smoother_reference
 
 ROW16 = [0.5] * 16
 ROW6 = [0.1] * 6
-
-
-def metric_samples(text: str, name: str) -> list[tuple[str, dict[str, str], float]]:
-    return [
-        (s.name, s.labels, s.value)
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name.startswith(name)
-    ]
 
 
 async def test_health_ready_models(client: httpx.AsyncClient) -> None:
@@ -91,13 +83,9 @@ async def test_concurrent_requests_are_batched(app_client: AppClient) -> None:
         for b, r in zip(bodies, rs, strict=True):
             assert len(r.json()["sequences"][0]) == len(b["sequences"][0])
         text = (await client.get("/metrics")).text
-    counts = {
-        s[0]: s[2]
-        for s in metric_samples(text, "rnnserve_batch_requests")
-        if s[1].get("model") == "smoother" and s[0] != "rnnserve_batch_requests_bucket"
-    }
-    assert counts["rnnserve_batch_requests_sum"] == 24
-    assert counts["rnnserve_batch_requests_count"] < 24  # some batch held more than one request
+    assert value(text, "rnnserve_batch_requests_sum", model="smoother") == 24
+    # some batch held more than one request
+    assert value(text, "rnnserve_batch_requests_count", model="smoother") < 24
 
 
 def _steps(n: int, row: list[float]) -> list[list[float]]:
@@ -253,9 +241,7 @@ async def test_limits_give_413(app_client: AppClient) -> None:
         assert (await c.post("/rollout", json={"inputs": [_steps(5, ROW6)]})).status_code == 200
         text = (await c.get("/metrics")).text
     rejected = {
-        s[1]["reason"]: s[2]
-        for s in metric_samples(text, "rnnserve_requests_rejected_total")
-        if s[0] == "rnnserve_requests_rejected_total"
+        s.labels["reason"]: s.value for s in samples(text, "rnnserve_requests_rejected_total")
     }
     assert rejected == {
         "too_many_sequences": 1,
@@ -303,15 +289,13 @@ async def test_metrics_exposition(client: httpx.AsyncClient) -> None:
     ):
         assert name in names, name
     durations = {
-        (s[1]["endpoint"], s[1]["model"], s[1]["code"]): s[2]
-        for s in metric_samples(r.text, "rnnserve_request_duration_seconds_count")
+        (s.labels["endpoint"], s.labels["model"], s.labels["code"]): s.value
+        for s in samples(r.text, "rnnserve_request_duration_seconds_count")
     }
     assert durations[("rollout", "traveller", "200")] == 1
     assert durations[("rollout", "unknown", "422")] == 1
-    ts = metric_samples(r.text, "rnnserve_batch_timesteps_sum")
-    assert [s[2] for s in ts if s[1]["model"] == "traveller"] == [3.0]
-    frac = metric_samples(r.text, "rnnserve_batch_active_fraction_sum")
-    assert [s[2] for s in frac if s[1]["model"] == "traveller"] == [0.75]
+    assert value(r.text, "rnnserve_batch_timesteps_sum", model="traveller") == 3.0
+    assert value(r.text, "rnnserve_batch_active_fraction_sum", model="traveller") == 0.75
 
 
 async def test_openapi_documents_the_bodies(client: httpx.AsyncClient) -> None:

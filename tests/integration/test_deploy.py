@@ -414,9 +414,10 @@ def test_wheel_carries_the_weights_and_the_console_script(installed: Installed) 
     assert parser["console_scripts"]["rnnserve"].strip() == "service.cli:main"
 
 
-def run_python(installed: Installed, *args: str) -> subprocess.CompletedProcess[str]:
+def run_installed(installed: Installed, *cmd: str) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` outside the source tree, seeing only the installed copy."""
     return subprocess.run(
-        [sys.executable, *args],
+        list(cmd),
         cwd=installed.outside,
         env=installed.env,
         capture_output=True,
@@ -434,7 +435,7 @@ def test_installed_copy_loads_its_bundled_models(installed: Installed) -> None:
         "print(json.dumps({'file': models.__file__, 'weights': str(models.DEFAULT_MODEL_DIR),"
         " 'available': names, 'loaded': loaded}))\n"
     )
-    proc = run_python(installed, "-c", script)
+    proc = run_installed(installed, sys.executable, "-c", script)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert Path(report["file"]).is_relative_to(installed.site), report["file"]
@@ -444,21 +445,13 @@ def test_installed_copy_loads_its_bundled_models(installed: Installed) -> None:
 
 
 def test_installed_copy_runs_the_cli(installed: Installed) -> None:
-    proc = run_python(installed, "-m", "service", "--help")
+    proc = run_installed(installed, sys.executable, "-m", "service", "--help")
     assert proc.returncode == 0, proc.stderr
     assert "usage: rnnserve" in proc.stdout
     assert "--max-batch-size" in proc.stdout
 
     script = installed.site / "bin" / "rnnserve"  # the console script pip generated
     assert script.is_file()
-    proc = subprocess.run(
-        [str(script), "--help"],
-        cwd=installed.outside,
-        env=installed.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_installed(installed, str(script), "--help")
     assert proc.returncode == 0, proc.stderr
     assert "usage: rnnserve" in proc.stdout
