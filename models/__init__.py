@@ -89,7 +89,7 @@ def load(
     model_dir: str | Path | None = None,
     *,
     device: torch.device | str = "cpu",
-    rollout_backend: RolloutBackend = "torchscript",
+    rollout_backend: RolloutBackend = "auto",
 ) -> nn.Module:
     """The named model with its weights, in eval mode on ``device``.
 

@@ -15,14 +15,16 @@ import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import List, Literal, Optional, Tuple  # noqa: UP035 - TorchScript reads these
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-RolloutBackend = Literal["eager", "torchscript"]
-RolloutFn = Callable[[Tensor, list[int], list[Tensor], list[Tensor], Tensor, Tensor], Tensor]
+RolloutBackend = Literal["auto", "eager", "torchscript", "numba", "triton"]
+ROLLOUT_BACKENDS: tuple[str, ...] = ("auto", "eager", "torchscript", "numba", "triton")
+# (u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0) -> (positions, h_T, c_T, p_T)
+RolloutFn = Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -33,18 +35,47 @@ class TravellerConfig:
     dropout: float = 0.0
 
 
+@dataclass
+class RolloutState:
+    """Where a batch of rollouts stands: every layer's ``h`` and ``c``, and the last position.
+
+    Row ``i`` belongs to sequence ``i``. A fresh rollout starts from :meth:`zeros`; the state a
+    rollout returns continues it exactly (a long stream can be rolled out in pieces).
+    """
+
+    h: Tensor  # [L, B, H]
+    c: Tensor  # [L, B, H]
+    p: Tensor  # [B, 2]: p_{t-1}, fed back at the next step
+
+    @classmethod
+    def zeros(
+        cls, num_layers: int, batch: int, hidden: int, *, dtype: torch.dtype, device: torch.device
+    ) -> RolloutState:
+        h = torch.zeros(num_layers, batch, hidden, dtype=dtype, device=device)
+        return cls(h, torch.zeros_like(h), torch.zeros(batch, 2, dtype=dtype, device=device))
+
+    def index(self, rows: Tensor) -> RolloutState:
+        """The state of sequences ``rows``, in that order."""
+        return RolloutState(self.h[:, rows], self.c[:, rows], self.p[rows])
+
+
 def rollout_packed(
     u: Tensor,  # [N, num_inputs]: packed rows, time-major, longest sequence first
-    batch_sizes: list[int],  # [T]: active sequences per step, non-increasing
-    w_cat: list[Tensor],  # per layer: [in + H, 4H]; rows (x, h_l), layer 0: (p, h_0, u)
-    bias: list[Tensor],  # per layer: [4H] = b_ih + b_hh
+    batch_sizes: List[int],  # [T]: active sequences per step, non-increasing
+    w_cat: List[Tensor],  # per layer: [in + H, 4H]; rows (x, h_l), layer 0: (p, h_0, u)
+    bias: List[Tensor],  # per layer: [4H] = b_ih + b_hh
     w_out: Tensor,  # [H, 2]
     b_out: Tensor,  # [2]
-) -> Tensor:
-    """Autoregressive rollout of every packed sequence at once; returns ``[N, 2]`` positions.
+    h0: Optional[Tensor] = None,  # [L, B, H] initial h, packed (sorted) order; None: zeros
+    c0: Optional[Tensor] = None,  # [L, B, H] initial c; None: zeros
+    p0: Optional[Tensor] = None,  # [B, 2] position fed back at the first step; None: zeros
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Autoregressive rollout of every packed sequence at once.
 
-    Layer 0's input is ``(p_{t-1}, u_t)``; the ``u`` part of its projection is done for all
-    steps in one GEMM up front, so each step costs one small GEMM per layer.
+    Returns the ``[N, 2]`` packed positions and the final state ``(h_T, c_T, p_T)``: for each
+    sequence, its state after its own last step. Layer 0's input is ``(p_{t-1}, u_t)``; the
+    ``u`` part of its projection is done for all steps in one GEMM up front, so each step costs
+    one small GEMM per layer.
     """
     num_layers = len(w_cat)
     hidden = w_cat[0].shape[1] // 4
@@ -52,20 +83,37 @@ def rollout_packed(
     w0_rec = w_cat[0][: 2 + hidden]  # [2 + H, 4H]: layer 0's rows for (p, h_0)
     w0_u = w_cat[0][2 + hidden :]  # [num_inputs, 4H]: layer 0's rows for u
     gu = torch.addmm(bias[0], u, w0_u)  # [N, 4H]
-    h = [torch.zeros(b_max, hidden, dtype=u.dtype, device=u.device) for _ in range(num_layers)]
-    c = [torch.zeros(b_max, hidden, dtype=u.dtype, device=u.device) for _ in range(num_layers)]
-    p = torch.zeros(b_max, 2, dtype=u.dtype, device=u.device)
+    zeros = torch.zeros(num_layers, b_max, hidden, dtype=u.dtype, device=u.device)
+    h_init = zeros if h0 is None else h0
+    c_init = zeros if c0 is None else c0
+    p = torch.zeros(b_max, 2, dtype=u.dtype, device=u.device) if p0 is None else p0
+    h = [h_init[layer] for layer in range(num_layers)]  # the active rows, [b, H] each
+    c = [c_init[layer] for layer in range(num_layers)]
+    # every sequence is active at step 0, so each row of these is written before it is read
+    h_fin = torch.empty_like(zeros)
+    c_fin = torch.empty_like(zeros)
+    p_fin = torch.empty_like(p)
     outs: list[Tensor] = []
     off = 0
+    active = b_max
     for b in batch_sizes:
-        x = p[:b]
+        if b < active:  # rows b..active finished at the previous step: keep their state
+            for layer in range(num_layers):
+                h_fin[layer, b:active] = h[layer][b:active]
+                c_fin[layer, b:active] = c[layer][b:active]
+                h[layer] = h[layer][:b]
+                c[layer] = c[layer][:b]
+            p_fin[b:active] = p[b:active]
+            p = p[:b]
+            active = b
+        x = p
         for layer in range(num_layers):
             if layer == 0:
-                gates = torch.addmm(gu[off : off + b], torch.cat([x, h[0][:b]], 1), w0_rec)
+                gates = torch.addmm(gu[off : off + b], torch.cat([x, h[0]], 1), w0_rec)
             else:
-                gates = torch.addmm(bias[layer], torch.cat([x, h[layer][:b]], 1), w_cat[layer])
+                gates = torch.addmm(bias[layer], torch.cat([x, h[layer]], 1), w_cat[layer])
             i, f, g, o = gates.chunk(4, 1)
-            c_new = torch.sigmoid(f) * c[layer][:b] + torch.sigmoid(i) * torch.tanh(g)
+            c_new = torch.sigmoid(f) * c[layer] + torch.sigmoid(i) * torch.tanh(g)
             h_new = torch.sigmoid(o) * torch.tanh(c_new)
             c[layer] = c_new
             h[layer] = h_new
@@ -73,7 +121,11 @@ def rollout_packed(
         p = torch.tanh(torch.addmm(b_out, x, w_out))
         outs.append(p)
         off += b
-    return torch.cat(outs, 0)
+    for layer in range(num_layers):
+        h_fin[layer, :active] = h[layer]
+        c_fin[layer, :active] = c[layer]
+    p_fin[:active] = p
+    return torch.cat(outs, 0), h_fin, c_fin, p_fin
 
 
 @functools.cache
@@ -83,6 +135,24 @@ def scripted_rollout() -> RolloutFn:
         warnings.simplefilter("ignore", DeprecationWarning)
         fn: RolloutFn = torch.jit.script(rollout_packed)
     return fn
+
+
+def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, str]:
+    """The rollout function for ``backend`` on ``device``, and the backend's resolved name.
+
+    - ``"torchscript"``: :func:`rollout_packed` compiled by TorchScript (any device);
+    - ``"eager"``: :func:`rollout_packed` as plain PyTorch (any device);
+    - ``"numba"``: one compiled CPU loop with fused gates (:mod:`models.kernels.rollout_cpu`);
+    - ``"triton"``: fused Triton step kernels, CUDA (:mod:`models.kernels.rollout_triton`);
+    - ``"auto"``: the fastest measured for the device (docs/BENCHMARKS.md).
+    """
+    if backend == "auto":
+        backend = "torchscript"
+    if backend == "torchscript":
+        return scripted_rollout(), backend
+    if backend == "eager":
+        return rollout_packed, backend
+    raise ValueError(f"unknown rollout backend {backend!r}; known: {', '.join(ROLLOUT_BACKENDS)}")
 
 
 class Traveller(nn.Module):
@@ -106,21 +176,16 @@ class Traveller(nn.Module):
         self.output_layer = nn.Linear(hidden_size, 2)
         self.activation = nn.Tanh()
         self._rollout_fn: RolloutFn = rollout_packed
-        self.rollout_backend: RolloutBackend = "eager"
+        self.rollout_backend: str = "eager"
 
     @property
     def config(self) -> TravellerConfig:
         return TravellerConfig(self.num_inputs, self.hidden_size, self.num_layers, self.dropout)
 
-    def compile_rollout(self, backend: RolloutBackend = "torchscript") -> None:
-        """Choose the rollout implementation: ``"torchscript"`` or ``"eager"``."""
-        if backend == "torchscript":
-            self._rollout_fn = scripted_rollout()
-        elif backend == "eager":
-            self._rollout_fn = rollout_packed
-        else:
-            raise ValueError(f"unknown rollout backend {backend!r}")
-        self.rollout_backend = backend
+    def compile_rollout(self, backend: RolloutBackend = "auto") -> None:
+        """Choose the rollout implementation (see :func:`rollout_backend_fn`)."""
+        device = next(self.parameters()).device
+        self._rollout_fn, self.rollout_backend = rollout_backend_fn(backend, device)
 
     def fused_weights(self) -> tuple[list[Tensor], list[Tensor], Tensor, Tensor]:
         """Weights in the layout :func:`rollout_packed` takes (see its argument comments)."""
@@ -145,15 +210,45 @@ class Traveller(nn.Module):
 
     def rollout(self, inputs: PackedSequence) -> PackedSequence:
         """Batched rollout: ``[N, num_inputs]`` packed inputs -> ``[N, 2]`` packed positions."""
+        return self.rollout_with_state(inputs)[0]
+
+    def rollout_with_state(
+        self, inputs: PackedSequence, state: RolloutState | None = None
+    ) -> tuple[PackedSequence, RolloutState]:
+        """Batched rollout from ``state`` (zeros when None); returns positions and final state.
+
+        ``state`` and the returned state hold one row per sequence, in the order the sequences
+        were packed (``sorted_indices`` maps them to the packed order and back).
+        """
         if not isinstance(inputs, PackedSequence):
             raise TypeError(f"rollout takes a PackedSequence, got {type(inputs).__name__}")
         self._check_width(inputs.data)
         w_cat, bias, w_out, b_out = self.fused_weights()
         sizes: list[int] = inputs.batch_sizes.tolist()
-        out = self._rollout_fn(inputs.data, sizes, w_cat, bias, w_out, b_out)
-        return PackedSequence(
+        order = inputs.sorted_indices
+        h0 = c0 = p0 = None
+        if state is not None:
+            self._check_state(state, sizes[0])
+            sorted_state = state if order is None else state.index(order)
+            h0, c0, p0 = sorted_state.h, sorted_state.c, sorted_state.p
+        out, h, c, p = self._rollout_fn(inputs.data, sizes, w_cat, bias, w_out, b_out, h0, c0, p0)
+        final = RolloutState(h, c, p)
+        if inputs.unsorted_indices is not None:
+            final = final.index(inputs.unsorted_indices)
+        packed = PackedSequence(
             out, inputs.batch_sizes, inputs.sorted_indices, inputs.unsorted_indices
         )
+        return packed, final
+
+    def _check_state(self, state: RolloutState, batch: int) -> None:
+        want = (self.num_layers, batch, self.hidden_size)
+        if tuple(state.h.shape) != want or tuple(state.c.shape) != want:
+            raise ValueError(
+                f"state h and c must have shape {list(want)}, got {list(state.h.shape)} "
+                f"and {list(state.c.shape)}"
+            )
+        if tuple(state.p.shape) != (batch, 2):
+            raise ValueError(f"state p must have shape [{batch}, 2], got {list(state.p.shape)}")
 
     def forward(self, inputs: Tensor) -> Tensor:
         """The seed's single-sequence interface: ``[T, 1, num_inputs]`` -> ``[T, 2]``."""
@@ -166,7 +261,7 @@ class Traveller(nn.Module):
         if self.training and self.dropout > 0:
             return self._stepwise(inputs)  # nn.LSTM applies dropout between layers
         w_cat, bias, w_out, b_out = self.fused_weights()
-        return self._rollout_fn(u, [1] * u.shape[0], w_cat, bias, w_out, b_out)
+        return self._rollout_fn(u, [1] * u.shape[0], w_cat, bias, w_out, b_out)[0]
 
     def _stepwise(self, inputs: Tensor) -> Tensor:
         hidden: tuple[Tensor, Tensor] | None = None

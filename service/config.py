@@ -36,8 +36,9 @@ class Settings(BaseSettings):
     torch_threads: int = Field(
         1, ge=1, description="Intra-op threads torch uses in the model worker thread."
     )
-    rollout_backend: Literal["torchscript", "eager"] = Field(
-        "torchscript", description="How the Traveller's rollout loop runs."
+    rollout_backend: Literal["auto", "torchscript", "eager", "numba", "triton"] = Field(
+        "auto",
+        description="How the Traveller's rollout loop runs; auto: the fastest for the device.",
     )
     max_batch_size: int = Field(64, ge=1, description="Most sequences packed into one batch.")
     max_batch_timesteps: int = Field(

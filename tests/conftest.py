@@ -4,3 +4,10 @@ import os
 
 # Model compute runs in one worker thread; one torch thread keeps it fast and predictable here.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors (read at triton import).
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"

@@ -1,0 +1,138 @@
+"""Every rollout backend against the seed's nn.LSTM loop, in float64, where tanh bends.
+
+The shipped weights keep |p| small, where tanh is nearly the identity and feedback bugs hide in
+the noise; these models have their output layer scaled so positions reach |p| ≈ 0.8.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from models.packing import pack, unpack
+from models.traveller import RolloutState, Traveller
+from tests.references import seed_rollout
+
+
+def available_backends() -> list[str]:
+    names = ["eager", "torchscript"]
+    try:
+        import models.kernels.rollout_cpu  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        names.append("numba")
+    try:
+        import models.kernels.rollout_triton  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+            names.append("triton")
+    return names
+
+
+BACKENDS = available_backends()
+
+
+def bent_model(
+    num_inputs: int = 6,
+    hidden: int = 16,
+    layers: int = 2,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> Traveller:
+    """A random Traveller whose positions swing well into tanh's curve."""
+    torch.manual_seed(seed)
+    model = Traveller(num_inputs, hidden, layers).eval().to(dtype)
+    with torch.no_grad():
+        model.output_layer.weight.mul_(12.0)
+        model.output_layer.bias.mul_(4.0)
+        model.lstm_layers.weight_ih_l0.mul_(3.0)  # the fed-back position moves the state
+    return model
+
+
+def reference(model: Traveller, u: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return seed_rollout(model.lstm_layers, model.output_layer, model.activation, u[:, None])
+
+
+def _device_dtype(backend: str) -> tuple[torch.device, torch.dtype]:
+    if backend == "triton" and torch.cuda.is_available():
+        return torch.device("cuda"), torch.float32
+    return torch.device("cpu"), torch.float64
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-10 if dtype == torch.float64 else 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_matches_seed_loop_where_tanh_bends(backend: str, layers: int) -> None:
+    device, dtype = _device_dtype(backend)
+    model = bent_model(layers=layers)
+    gen = torch.Generator().manual_seed(layers)
+    seqs = [torch.randn(n, 6, generator=gen, dtype=torch.float64) for n in (40, 1, 23, 7, 40)]
+    refs = [reference(model, u) for u in seqs]
+    assert max(float(r.abs().max()) for r in refs) > 0.6  # the test reaches tanh's curve
+    model.to(device=device, dtype=dtype).compile_rollout(backend)  # type: ignore[arg-type]
+    with torch.inference_mode():
+        out = unpack(model.rollout(pack([u.to(dtype) for u in seqs], device)))
+    for y, ref in zip(out, refs, strict=True):
+        torch.testing.assert_close(y.cpu().double(), ref, atol=_tolerance(dtype), rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_resumes_a_rollout_exactly(backend: str) -> None:
+    """Rolled out in two pieces from the state the first returns == rolled out at once."""
+    device, dtype = _device_dtype(backend)
+    model = bent_model(num_inputs=3, hidden=8, seed=4).to(device=device, dtype=dtype)
+    model.compile_rollout(backend)  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(5)
+    lengths = [(9, 4), (3, 11), (6, 1), (12, 12)]  # (first piece, second piece) per sequence
+    seqs = [torch.randn(a + b, 3, generator=gen, dtype=dtype).to(device) for a, b in lengths]
+    with torch.inference_mode():
+        whole_packed, whole_state = model.rollout_with_state(pack(seqs))
+        whole = unpack(whole_packed)
+        first_packed, mid = model.rollout_with_state(
+            pack([u[:a] for u, (a, _) in zip(seqs, lengths, strict=True)])
+        )
+        second_packed, end = model.rollout_with_state(
+            pack([u[a:] for u, (a, _) in zip(seqs, lengths, strict=True)]), mid
+        )
+    first, second = unpack(first_packed), unpack(second_packed)
+    tol = _tolerance(dtype)
+    for w, f, s in zip(whole, first, second, strict=True):
+        torch.testing.assert_close(torch.cat([f, s]), w, atol=tol, rtol=0)
+    for got, want in ((end.h, whole_state.h), (end.c, whole_state.c), (end.p, whole_state.p)):
+        torch.testing.assert_close(got, want, atol=tol, rtol=0)
+    # the final p is each sequence's own last position
+    torch.testing.assert_close(whole_state.p, torch.stack([w[-1] for w in whole]), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_final_state_is_each_sequences_own(backend: str) -> None:
+    """In a ragged batch, a short sequence's final state is not overwritten by later steps."""
+    device, dtype = _device_dtype(backend)
+    model = bent_model(num_inputs=2, hidden=4, layers=2, seed=7).to(device=device, dtype=dtype)
+    model.compile_rollout(backend)  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(8)
+    seqs = [torch.randn(n, 2, generator=gen, dtype=dtype).to(device) for n in (2, 9, 5)]
+    with torch.inference_mode():
+        _, together = model.rollout_with_state(pack(seqs))
+        for i, u in enumerate(seqs):
+            _, alone = model.rollout_with_state(pack([u]))
+            tol = _tolerance(dtype)
+            torch.testing.assert_close(together.h[:, i], alone.h[:, 0], atol=tol, rtol=0)
+            torch.testing.assert_close(together.c[:, i], alone.c[:, 0], atol=tol, rtol=0)
+            torch.testing.assert_close(together.p[i], alone.p[0], atol=tol, rtol=0)
+
+
+def test_state_of_the_wrong_shape_is_refused() -> None:
+    model = bent_model(num_inputs=2, hidden=4, layers=2)
+    state = RolloutState.zeros(2, 3, 5, dtype=torch.float64, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"must have shape \[2, 3, 4\]"):
+        model.rollout_with_state(pack([torch.zeros(2, 2, dtype=torch.float64)] * 3), state)
