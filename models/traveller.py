@@ -152,6 +152,14 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
         return scripted_rollout(), backend
     if backend == "eager":
         return rollout_packed, backend
+    if backend == "numba":
+        from models.kernels.rollout_cpu import rollout_packed_numba
+
+        return rollout_packed_numba, backend
+    if backend == "triton":
+        from models.kernels.rollout_triton import rollout_packed_triton
+
+        return rollout_packed_triton, backend
     raise ValueError(f"unknown rollout backend {backend!r}; known: {', '.join(ROLLOUT_BACKENDS)}")
 
 
