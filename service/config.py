@@ -40,6 +40,14 @@ class Settings(BaseSettings):
         "auto",
         description="How the Traveller's rollout loop runs; auto: the fastest for the device.",
     )
+    rollout_scheduling: Literal["continuous", "batch"] = Field(
+        "continuous",
+        description="continuous: rollouts join and leave the running batch between chunks of "
+        "steps; batch: whole batches run to the end of their longest sequence.",
+    )
+    rollout_chunk_steps: int = Field(
+        64, ge=1, description="Steps a continuous rollout batch runs between joins and leaves."
+    )
     max_batch_size: int = Field(64, ge=1, description="Most sequences packed into one batch.")
     max_batch_timesteps: int = Field(
         262_144, ge=1, description="Most timesteps (sum of lengths) in one batch."

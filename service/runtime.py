@@ -1,8 +1,11 @@
-"""Serving runtime: loads the models, owns the model worker thread and one batcher per model.
+"""Serving runtime: loads the models, owns one worker thread and one batcher per model.
 
 The HTTP layer calls :meth:`ModelRuntime.infer`; the batcher gathers concurrent calls, and each
-batch is packed, run and unpacked on a single dedicated worker thread under
-``torch.inference_mode()``, never on the event loop.
+batch is packed, run and unpacked on the model's own worker thread under
+``torch.inference_mode()``, never on the event loop. Each model has its own thread, so a long
+batch of one model never delays another model's batches. Rollouts are scheduled continuously by
+default (:mod:`service.scheduler`, :mod:`service.stepping`): sequences join and leave the
+running batch between chunks of steps, so a short rollout never waits for a long one.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from models.traveller import Traveller
 from service.batching import DynamicBatcher
 from service.config import Settings
 from service.metrics import Metrics
+from service.scheduler import ContinuousBatcher
+from service.stepping import ChunkedRollout
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +50,8 @@ class ServedModel:
     module: nn.Module
     input_dim: int
     info: dict[str, Any]
-    batcher: DynamicBatcher[Item, Item] = field(repr=False)
+    batcher: DynamicBatcher[Item, Item] | ContinuousBatcher[Item, Item] = field(repr=False)
+    executor: ThreadPoolExecutor = field(repr=False)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -70,23 +76,27 @@ class ModelRuntime:
         self.metrics = metrics
         self.device = resolve_device(settings.device)
         self.models: dict[str, ServedModel] = {}
-        self._executor: ThreadPoolExecutor | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
         threads = self.settings.torch_threads
         torch.set_num_threads(threads)
-        self._executor = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="rnnserve-model",
-            initializer=torch.set_num_threads,
-            initargs=(threads,),
-        )
         loop = asyncio.get_running_loop()
-        loaded = await loop.run_in_executor(self._executor, self._load_and_warm)
-        for name, module in loaded.items():
-            self.models[name] = self._serve(name, module)
+        for name in models.available(self.settings.model_dir):
+            # the thread that loads and warms a model is the one that runs it
+            executor = ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix=f"rnnserve-{name}",
+                initializer=torch.set_num_threads,
+                initargs=(threads,),
+            )
+            try:
+                module = await loop.run_in_executor(executor, self._load_and_warm, name)
+            except BaseException:
+                executor.shutdown(wait=False)
+                raise
+            self.models[name] = self._serve(name, module, executor)
         for served in self.models.values():
             served.batcher.start()
         log.info("serving %s on %s", ", ".join(sorted(self.models)) or "no models", self.device)
@@ -95,47 +105,71 @@ class ModelRuntime:
         await asyncio.gather(
             *(m.batcher.close(self.settings.drain_timeout_s) for m in self.models.values())
         )
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        for served in self.models.values():
+            served.executor.shutdown(wait=True)
 
-    def _load_and_warm(self) -> dict[str, nn.Module]:
-        loaded: dict[str, nn.Module] = {}
-        for name in models.available(self.settings.model_dir):
-            started = time.perf_counter()
-            module = models.load(
-                name,
-                self.settings.model_dir,
-                device=self.device,
-                rollout_backend=self.settings.rollout_backend,
-            )
-            dim = _input_dim(module)
-            rng = np.random.default_rng(0)
-            # a few batches of mixed lengths: compiles numba, lets TorchScript profile and optimise
-            for lengths in ((3,), (5, 2), (7, 7, 1), (4,)):
-                batch = [[rng.standard_normal((n, dim), np.float32) for n in lengths]]
-                self._compute(name, module, batch, record=False)
-            log.info("loaded and warmed %s in %.2f s", name, time.perf_counter() - started)
-            loaded[name] = module
-        return loaded
-
-    def _serve(self, name: str, module: nn.Module) -> ServedModel:
-        async def handle(items: list[Item]) -> list[Item]:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executor, self._compute, name, module, items)
-
-        s = self.settings
-        batcher: DynamicBatcher[Item, Item] = DynamicBatcher(
-            handle,
-            max_batch_size=s.max_batch_size,
-            max_batch_cost=s.max_batch_timesteps,
-            max_delay_s=s.max_delay_ms / 1000,
-            max_queue_size=s.max_queue_size,
-            name=name,
-            observer=self.metrics,
+    def _load_and_warm(self, name: str) -> nn.Module:
+        started = time.perf_counter()
+        module = models.load(
+            name,
+            self.settings.model_dir,
+            device=self.device,
+            rollout_backend=self.settings.rollout_backend,
         )
+        dim = _input_dim(module)
+        rng = np.random.default_rng(0)
+        # a few batches of mixed lengths: compiles numba, lets TorchScript profile and optimise
+        for lengths in ((3,), (5, 2), (7, 7, 1), (4,)):
+            batch = [[rng.standard_normal((n, dim), np.float32) for n in lengths]]
+            self._compute(name, module, batch, record=False)
+            if isinstance(module, Traveller):
+                chunked = ChunkedRollout(module, self.device, 2)  # the resumable path too
+                chunked.advance([(0, batch[0])], [])
+                while chunked.running_sequences:
+                    chunked.advance([], [])
+        log.info("loaded and warmed %s in %.2f s", name, time.perf_counter() - started)
+        return module
+
+    def _serve(self, name: str, module: nn.Module, executor: ThreadPoolExecutor) -> ServedModel:
+        s = self.settings
+        batcher: DynamicBatcher[Item, Item] | ContinuousBatcher[Item, Item]
+        if isinstance(module, Traveller) and s.rollout_scheduling == "continuous":
+            chunked = ChunkedRollout(module, self.device, s.rollout_chunk_steps)
+
+            async def advance(
+                joins: list[tuple[int, Item]], leaves: list[int]
+            ) -> tuple[dict[int, Item], int]:
+                loop = asyncio.get_running_loop()
+                done, steps = await loop.run_in_executor(executor, chunked.advance, joins, leaves)
+                if self.metrics is not None and steps:
+                    fraction = self.metrics.batch_active_fraction.labels(name)
+                    fraction.observe(chunked.last_active_fraction)
+                return done, steps
+
+            batcher = ContinuousBatcher(
+                advance,
+                max_active=s.max_batch_size,
+                max_queue_size=s.max_queue_size,
+                name=name,
+                observer=self.metrics,
+            )
+        else:
+
+            async def handle(items: list[Item]) -> list[Item]:
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(executor, self._compute, name, module, items)
+
+            batcher = DynamicBatcher(
+                handle,
+                max_batch_size=s.max_batch_size,
+                max_batch_cost=s.max_batch_timesteps,
+                max_delay_s=s.max_delay_ms / 1000,
+                max_queue_size=s.max_queue_size,
+                name=name,
+                observer=self.metrics,
+            )
         info = models.describe(module)
-        return ServedModel(name, info["kind"], module, _input_dim(module), info, batcher)
+        return ServedModel(name, info["kind"], module, _input_dim(module), info, batcher, executor)
 
     # -- inference ------------------------------------------------------------------------
 

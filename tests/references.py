@@ -13,6 +13,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from models.traveller import Traveller
+
 
 def smoother_reference(x: np.ndarray, alpha: np.ndarray, wx: np.ndarray) -> np.ndarray:
     """``tanh(wx * ewm(x))`` with pandas doing the recursion; ``x``: [T, F] -> [T, F]."""
@@ -65,3 +67,20 @@ class SeedTraveller(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return seed_rollout(self.lstm_layers, self.output_layer, self.activation, inputs)
+
+
+def bent_model(
+    num_inputs: int = 6,
+    hidden: int = 16,
+    layers: int = 2,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> Traveller:
+    """A random Traveller whose positions swing well into tanh's curve."""
+    torch.manual_seed(seed)
+    model = Traveller(num_inputs, hidden, layers).eval().to(dtype)
+    with torch.no_grad():
+        model.output_layer.weight.mul_(12.0)
+        model.output_layer.bias.mul_(4.0)
+        model.lstm_layers.weight_ih_l0.mul_(3.0)  # the fed-back position moves the state
+    return model

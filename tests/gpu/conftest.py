@@ -1,4 +1,4 @@
-"""tests/gpu: every CUDA path against the CPU path. Runs where CUDA is present, skipped elsewhere."""
+"""tests/gpu: each CUDA path against the CPU path; runs where CUDA is present, skipped elsewhere."""
 
 from __future__ import annotations
 

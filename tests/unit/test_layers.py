@@ -26,9 +26,11 @@ def imported_roots(path: Path) -> set[str]:
         ("service/batching.py", {"fastapi", "starlette", "torch", "models", "numpy"}),
         ("service/runtime.py", {"fastapi", "starlette"}),
         ("service/metrics.py", {"fastapi", "starlette", "torch", "models"}),
+        ("service/scheduler.py", {"fastapi", "starlette", "torch", "models", "numpy"}),
+        ("service/stepping.py", {"fastapi", "starlette"}),
         *(
             (str(p.relative_to(ROOT)), {"service", "fastapi", "starlette", "uvicorn"})
-            for p in sorted((ROOT / "models").glob("*.py"))
+            for p in sorted((ROOT / "models").rglob("*.py"))
         ),
     ],
 )

@@ -13,13 +13,13 @@ import torch
 
 from models.packing import pack, unpack
 from models.traveller import RolloutState, Traveller
-from tests.references import seed_rollout
+from tests.references import bent_model, seed_rollout
 
 
 def available_backends() -> list[str]:
     names = ["eager", "torchscript"]
     try:
-        import models.kernels.rollout_cpu  # noqa: F401
+        import models.kernels.rollout_cpu
     except ImportError:
         pass
     else:
@@ -35,23 +35,6 @@ def available_backends() -> list[str]:
 
 
 BACKENDS = available_backends()
-
-
-def bent_model(
-    num_inputs: int = 6,
-    hidden: int = 16,
-    layers: int = 2,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float64,
-) -> Traveller:
-    """A random Traveller whose positions swing well into tanh's curve."""
-    torch.manual_seed(seed)
-    model = Traveller(num_inputs, hidden, layers).eval().to(dtype)
-    with torch.no_grad():
-        model.output_layer.weight.mul_(12.0)
-        model.output_layer.bias.mul_(4.0)
-        model.lstm_layers.weight_ih_l0.mul_(3.0)  # the fed-back position moves the state
-    return model
 
 
 def reference(model: Traveller, u: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,208 @@
+"""Continuous (step-level) batching for asyncio: work joins and leaves between chunks of steps.
+
+This layer knows nothing about HTTP or models. Each submitted item is a piece of step-wise work
+(a rollout of ``steps`` steps over ``size`` sequences). A background task runs the engine one
+chunk at a time; between chunks, waiting items join the running set (up to ``max_active``
+sequences) and finished or abandoned ones leave it, so a short item never waits for a long one
+to end. The engine owns the per-item state (on the device); the scheduler owns only the order:
+
+``await engine(joins, leaves)`` takes the newly admitted ``(key, item)`` pairs and the keys
+whose callers went away, advances every active item by one chunk, and returns the results of
+the items that finished in that chunk, by key, with the number of timesteps it ran. If it
+raises, every active item fails with that error (the engine must then hold nothing) and the
+scheduler goes on with the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from service.batching import BatcherClosed, BatchObserver, QueueFull
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+log = logging.getLogger(__name__)
+
+# (joins, leaves) -> (results of the items that finished, by key; timesteps run in the chunk)
+Engine = Callable[[list[tuple[int, T]], list[int]], Awaitable[tuple[Mapping[int, R], int]]]
+
+
+@dataclass(eq=False)
+class _Work(Generic[T, R]):
+    key: int
+    item: T
+    size: int
+    steps: int
+    future: asyncio.Future[R]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class ContinuousBatcher(Generic[T, R]):
+    """Runs step-wise items in chunks; items join and leave the running set between chunks.
+
+    The same public surface as :class:`service.batching.DynamicBatcher`: ``start``,
+    ``submit``, ``close`` and ``queue_depth``; the same errors (``QueueFull``,
+    ``BatcherClosed``) and the same observer callbacks, one ``on_batch`` per chunk.
+    """
+
+    def __init__(
+        self,
+        engine: Engine[T, R],
+        *,
+        max_active: int,
+        max_queue_size: int | None = None,
+        name: str = "scheduler",
+        observer: BatchObserver | None = None,
+    ) -> None:
+        if max_active < 1:
+            raise ValueError(f"max_active must be >= 1, got {max_active}")
+        if max_queue_size is not None and max_queue_size < 1:
+            raise ValueError(f"max_queue_size must be >= 1 or None, got {max_queue_size}")
+        self._engine = engine
+        self.max_active = max_active
+        self.max_queue_size = max_queue_size
+        self.name = name
+        self._observer = observer
+        self._queue: collections.deque[_Work[T, R]] = collections.deque()
+        self._active: dict[int, _Work[T, R]] = {}
+        self._keys = itertools.count()
+        self._arrived = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+
+    # -- public API -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the scheduling task on the running loop (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"{self.name}-scheduler"
+            )
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def active_sequences(self) -> int:
+        return sum(w.size for w in self._active.values())
+
+    async def submit(self, item: T, *, size: int = 1, cost: int = 1) -> R:
+        """Queue ``item`` (``size`` sequences, ``cost`` timesteps in all) and wait for its result.
+
+        An item larger than ``max_active`` runs once it can be admitted alone.
+        """
+        if self._closing or self._task is None:
+            raise BatcherClosed(f"{self.name} is not accepting work")
+        if self.max_queue_size is not None and len(self._queue) >= self.max_queue_size:
+            raise QueueFull(f"{self.name} queue is full ({self.max_queue_size} waiting)")
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Work(next(self._keys), item, size, cost, future))
+        self._notify_depth()
+        self._arrived.set()
+        return await future  # a cancelled caller leaves the running set at the next chunk
+
+    async def close(self, drain_timeout_s: float | None = None) -> None:
+        """Stop taking items, finish queued and running ones, then stop."""
+        self._closing = True
+        self._arrived.set()
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), drain_timeout_s)
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        finally:
+            exc = BatcherClosed(f"{self.name} stopped")
+            for work in [*self._queue, *self._active.values()]:
+                if not work.future.done():
+                    work.future.set_exception(exc)
+            self._queue.clear()
+            self._active.clear()
+            self._notify_depth()
+
+    # -- the scheduling loop ----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            while not self._queue and not self._active:
+                if self._closing:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+            joins = self._admit()
+            leaves = [k for k, w in self._active.items() if w.future.done()]
+            for key in leaves:
+                del self._active[key]
+            if not self._active and not leaves:
+                continue
+            await self._run_chunk(joins, leaves)
+
+    def _admit(self) -> list[_Work[T, R]]:
+        """Move queued items into the running set while their sequences fit."""
+        joins: list[_Work[T, R]] = []
+        used = self.active_sequences
+        while self._queue:
+            work = self._queue[0]
+            if work.future.done():  # the caller went away before it was admitted
+                self._queue.popleft()
+                continue
+            if used and used + work.size > self.max_active:
+                break
+            self._queue.popleft()
+            self._active[work.key] = work
+            joins.append(work)
+            used += work.size
+        self._notify_depth()
+        return joins
+
+    async def _run_chunk(self, joins: list[_Work[T, R]], leaves: list[int]) -> None:
+        started = time.monotonic()
+        running = list(self._active.values())
+        ok = False
+        steps = 0
+        try:
+            finished, steps = await self._engine([(w.key, w.item) for w in joins], leaves)
+        except asyncio.CancelledError:
+            for work in running:
+                work.future.cancel()
+            self._active.clear()
+            raise
+        except Exception as exc:  # a failing chunk fails the items that were running in it
+            log.exception("%s: chunk of %d items failed", self.name, len(running))
+            for work in running:
+                if not work.future.done():
+                    work.future.set_exception(exc)
+            self._active.clear()
+        else:
+            ok = True
+            for key, result in finished.items():
+                done = self._active.pop(key, None)
+                if done is not None and not done.future.done():
+                    done.future.set_result(result)
+        finally:
+            if self._observer is not None:
+                self._observer.on_batch(
+                    self.name,
+                    items=len(running),
+                    size=sum(w.size for w in running),
+                    cost=steps,
+                    queue_waits=[started - w.enqueued for w in joins],
+                    compute_seconds=time.monotonic() - started,
+                    ok=ok,
+                )
+
+    def _notify_depth(self) -> None:
+        if self._observer is not None:
+            self._observer.on_queue_depth(self.name, len(self._queue))

@@ -1,0 +1,149 @@
+"""The Traveller's side of continuous batching: rollouts advanced a chunk of steps at a time.
+
+:class:`ChunkedRollout` holds every running request's sequences, how far each has got, its
+outputs so far and its LSTM state (on the model's device, one row per running sequence). Each
+call to :meth:`ChunkedRollout.advance` admits new requests, drops abandoned ones, runs every
+running sequence ``chunk_steps`` further (or to its end) in one packed call of the model's
+resumable rollout, and returns the requests that finished. It runs on the model's worker thread;
+the asyncio side is :class:`service.scheduler.ContinuousBatcher`.
+
+A sequence's result does not depend on how its steps were split into chunks or which other
+sequences shared them: the resumable rollout carries ``(h, c, p)`` exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models.packing import active_fraction, pack, unpack
+from models.traveller import RolloutState, Traveller
+
+
+@dataclass(eq=False)
+class _Sequence:
+    key: int  # the request it belongs to
+    inputs: np.ndarray  # [T, num_inputs] float32
+    outputs: np.ndarray  # [T, 2] float32, filled as steps run
+    done: int = 0  # steps run so far
+
+    @property
+    def left(self) -> int:
+        return len(self.inputs) - self.done
+
+
+class ChunkedRollout:
+    """Running rollouts of one Traveller, advanced ``chunk_steps`` at a time."""
+
+    def __init__(self, model: Traveller, device: torch.device, chunk_steps: int) -> None:
+        if chunk_steps < 1:
+            raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}")
+        self.model = model
+        self.device = device
+        self.chunk_steps = chunk_steps
+        self._running: list[_Sequence] = []  # row i of the state is _running[i]
+        self._state: RolloutState | None = None
+        self._pending: dict[int, int] = {}  # request key -> sequences not yet finished
+        self._requests: dict[int, list[_Sequence]] = {}
+        self.last_active_fraction = 1.0  # of the last chunk's [sequences x longest] grid
+
+    @property
+    def running_sequences(self) -> int:
+        return len(self._running)
+
+    def reset(self) -> None:
+        """Forget everything (after a failed chunk, whose state cannot be trusted)."""
+        self._running, self._state = [], None
+        self._pending.clear()
+        self._requests.clear()
+
+    def advance(
+        self, joins: list[tuple[int, list[np.ndarray]]], leaves: list[int]
+    ) -> tuple[dict[int, list[np.ndarray]], int]:
+        """Admit ``joins``, drop ``leaves``, run one chunk; the finished requests' outputs."""
+        try:
+            self._drop(set(leaves))
+            self._join(joins)
+            steps = self._run_chunk() if self._running else 0
+            return self._collect(), steps
+        except BaseException:
+            self.reset()
+            raise
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _drop(self, keys: set[int]) -> None:
+        if not keys:
+            return
+        keep = [i for i, s in enumerate(self._running) if s.key not in keys]
+        self._running = [self._running[i] for i in keep]
+        if self._state is not None:
+            self._state = self._state.index(
+                torch.tensor(keep, dtype=torch.long, device=self.device)
+            )
+        for key in keys:
+            self._pending.pop(key, None)
+            self._requests.pop(key, None)
+
+    def _join(self, joins: list[tuple[int, list[np.ndarray]]]) -> None:
+        new: list[_Sequence] = []
+        for key, arrays in joins:
+            seqs = [_Sequence(key, a, np.empty((len(a), 2), dtype=np.float32)) for a in arrays]
+            self._requests[key] = seqs
+            self._pending[key] = len(seqs)
+            new.extend(seqs)
+        if not new:
+            return
+        m = self.model
+        dtype = next(m.parameters()).dtype
+        fresh = RolloutState.zeros(
+            m.num_layers, len(new), m.hidden_size, dtype=dtype, device=self.device
+        )
+        if self._state is None:
+            self._state = fresh
+        else:
+            old = self._state
+            self._state = RolloutState(
+                torch.cat([old.h, fresh.h], 1),
+                torch.cat([old.c, fresh.c], 1),
+                torch.cat([old.p, fresh.p], 0),
+            )
+        self._running.extend(new)
+
+    def _run_chunk(self) -> int:
+        assert self._state is not None
+        lengths = [min(s.left, self.chunk_steps) for s in self._running]
+        self.last_active_fraction = active_fraction(lengths)
+        pieces = [
+            torch.from_numpy(s.inputs[s.done : s.done + n])
+            for s, n in zip(self._running, lengths, strict=True)
+        ]
+        with torch.inference_mode():
+            packed, state = self.model.rollout_with_state(pack(pieces, self.device), self._state)
+            outs = unpack(packed.cpu())
+        for seq, n, out in zip(self._running, lengths, outs, strict=True):
+            seq.outputs[seq.done : seq.done + n] = out.numpy()
+            seq.done += n
+        self._state = state
+        return sum(lengths)
+
+    def _collect(self) -> dict[int, list[np.ndarray]]:
+        """Retire the sequences that reached their end; return the requests now complete."""
+        finished: dict[int, list[np.ndarray]] = {}
+        keep: list[int] = []
+        for i, seq in enumerate(self._running):
+            if seq.left:
+                keep.append(i)
+                continue
+            self._pending[seq.key] -= 1
+            if self._pending[seq.key] == 0:
+                del self._pending[seq.key]
+                finished[seq.key] = [s.outputs for s in self._requests.pop(seq.key)]
+        if len(keep) != len(self._running):
+            self._running = [self._running[i] for i in keep]
+            if self._state is not None:
+                idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+                self._state = self._state.index(idx) if keep else None
+        return finished

@@ -1,0 +1,199 @@
+"""The continuous batcher with a fake engine: no HTTP, no models."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import pytest
+
+from service.batching import BatcherClosed, QueueFull
+from service.scheduler import ContinuousBatcher
+
+
+class FakeEngine:
+    """Items are step counts; each chunk runs every active item ``chunk`` steps further.
+
+    Records what joined and left at each chunk and can be held on an event.
+    """
+
+    def __init__(self, chunk: int = 1) -> None:
+        self.chunk = chunk
+        self.left: dict[int, int] = {}  # key -> steps left
+        self.items: dict[int, int] = {}
+        self.calls: list[tuple[list[int], list[int], list[int]]] = []  # joins, leaves, active
+        self.release = asyncio.Event()
+        self.release.set()
+        self.entered = asyncio.Event()
+        self.fail_when: int | None = None  # raise when this item is active
+
+    async def __call__(
+        self, joins: list[tuple[int, int]], leaves: list[int]
+    ) -> tuple[Mapping[int, str], int]:
+        for key in leaves:
+            self.left.pop(key)
+        for key, steps in joins:
+            self.left[key] = steps
+            self.items[key] = steps
+        self.calls.append(([i for _, i in joins], [self.items[k] for k in leaves], []))
+        self.calls[-1][2].extend(sorted(self.items[k] for k in self.left))
+        self.entered.set()
+        await asyncio.sleep(0)  # like the real engine's hop to its worker thread
+        await self.release.wait()
+        if self.fail_when is not None and self.fail_when in (self.items[k] for k in self.left):
+            self.left.clear()
+            raise RuntimeError("boom")
+        ran = 0
+        done = {}
+        for key in list(self.left):
+            n = min(self.chunk, self.left[key])
+            self.left[key] -= n
+            ran += n
+            if not self.left[key]:
+                del self.left[key]
+                done[key] = f"done {self.items[key]}"
+        return done, ran
+
+
+async def test_a_short_item_joins_a_running_long_one_and_finishes_first() -> None:
+    engine = FakeEngine()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
+    b.start()
+    long = asyncio.ensure_future(b.submit(50))
+    await asyncio.wait_for(engine.entered.wait(), 5)
+    short = asyncio.ensure_future(b.submit(3))
+    assert await asyncio.wait_for(short, 5) == "done 3"
+    assert not long.done()  # the long one is still running after the short one ended
+    assert await asyncio.wait_for(long, 5) == "done 50"
+    # the short item joined at a chunk boundary while the long one ran, not after it
+    join_chunk = next(i for i, (joins, _, _) in enumerate(engine.calls) if 3 in joins)
+    assert 0 < join_chunk < 50
+    assert engine.calls[join_chunk][2] == [3, 50]
+    assert sum(1 for _, _, active in engine.calls if 50 in active) == 50
+    await b.close()
+
+
+async def test_results_go_to_their_own_callers() -> None:
+    engine = FakeEngine(chunk=2)
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=4)
+    b.start()
+    steps = [7, 1, 4, 9, 2, 2, 5]
+    results = await asyncio.wait_for(asyncio.gather(*(b.submit(n) for n in steps)), 5)
+    assert results == [f"done {n}" for n in steps]
+    await b.close()
+
+
+async def test_active_sequences_never_exceed_the_limit() -> None:
+    engine = FakeEngine()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=3)
+    b.start()
+    sizes = {10: 2, 11: 1, 12: 2, 13: 1, 14: 3}
+    await asyncio.wait_for(asyncio.gather(*(b.submit(n, size=s) for n, s in sizes.items())), 5)
+    for _, _, active in engine.calls:
+        assert sum(sizes[n] for n in active) <= 3
+    # an item larger than the limit still runs, alone
+    assert await asyncio.wait_for(b.submit(15, size=5), 5) == "done 15"
+    assert engine.calls[-1][2] == [15]
+    await b.close()
+
+
+async def test_a_cancelled_caller_leaves_at_the_next_chunk() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
+    b.start()
+    gone = asyncio.ensure_future(b.submit(1000))
+    stays = asyncio.ensure_future(b.submit(5))
+    await asyncio.wait_for(engine.entered.wait(), 5)
+    gone.cancel()
+    engine.release.set()
+    assert await asyncio.wait_for(stays, 5) == "done 5"
+    leaves = [left for _, lefts, _ in engine.calls for left in lefts]
+    assert leaves == [1000]
+    assert sum(1 for _, _, active in engine.calls if 1000 in active) == 1  # dropped after one
+    await b.close()
+
+
+async def test_a_cancelled_caller_that_never_ran_is_skipped() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=1)
+    b.start()
+    first = asyncio.ensure_future(b.submit(2))
+    await asyncio.wait_for(engine.entered.wait(), 5)
+    gone = asyncio.ensure_future(b.submit(77))
+    await asyncio.sleep(0)
+    gone.cancel()
+    engine.release.set()
+    assert await asyncio.wait_for(first, 5) == "done 2"
+    assert all(77 not in joins for joins, _, _ in engine.calls)
+    await b.close()
+
+
+async def test_a_failing_chunk_fails_the_items_running_in_it_only() -> None:
+    engine = FakeEngine()
+    engine.fail_when = 13
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=2)
+    b.start()
+    bad = await asyncio.wait_for(
+        asyncio.gather(b.submit(13), b.submit(4), b.submit(6), return_exceptions=True), 5
+    )
+    # 13 and 4 ran together and failed together; 6 waited for a slot and ran after
+    assert [type(r) for r in bad[:2]] == [RuntimeError, RuntimeError]
+    assert bad[2] == "done 6"
+    assert await asyncio.wait_for(b.submit(3), 5) == "done 3"
+    await b.close()
+
+
+async def test_queue_limit_and_closing() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=1, max_queue_size=1)
+    b.start()
+    running = asyncio.ensure_future(b.submit(2))
+    await asyncio.wait_for(engine.entered.wait(), 5)
+    queued = asyncio.ensure_future(b.submit(3))
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull):
+        await b.submit(4)
+    closing = asyncio.ensure_future(b.close(drain_timeout_s=5))
+    await asyncio.sleep(0.01)
+    with pytest.raises(BatcherClosed):
+        await b.submit(5)
+    engine.release.set()
+    await asyncio.wait_for(closing, 5)
+    assert await running == "done 2"
+    assert await queued == "done 3"  # drained, not dropped
+
+
+async def test_observer_counts_chunks_steps_and_waits() -> None:
+    class Observer:
+        def __init__(self) -> None:
+            self.batches: list[dict[str, object]] = []
+
+        def on_queue_depth(self, name: str, depth: int) -> None:
+            pass
+
+        def on_batch(self, name: str, **kw: object) -> None:
+            self.batches.append(kw)
+
+    observer = Observer()
+    engine = FakeEngine(chunk=4)
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8, observer=observer)
+    b.start()
+    await asyncio.wait_for(asyncio.gather(b.submit(10), b.submit(3)), 5)
+    assert sum(o["cost"] for o in observer.batches) == 13  # type: ignore[misc]
+    waits = [w for o in observer.batches for w in o["queue_waits"]]  # type: ignore[attr-defined]
+    assert len(waits) == 2  # one wait per request, when it joined
+    assert all(o["ok"] for o in observer.batches)
+    await b.close()
+
+
+def test_arguments_are_checked() -> None:
+    async def engine(joins: object, leaves: object) -> tuple[dict[int, str], int]:
+        return {}, 0
+
+    with pytest.raises(ValueError, match="max_active"):
+        ContinuousBatcher(engine, max_active=0)
+    with pytest.raises(ValueError, match="max_queue_size"):
+        ContinuousBatcher(engine, max_active=1, max_queue_size=0)

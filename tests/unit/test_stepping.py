@@ -1,0 +1,119 @@
+"""Chunked rollouts: joining, leaving and chunking never change a sequence's result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.packing import pack
+from service.stepping import ChunkedRollout
+from tests.references import bent_model
+
+CPU = torch.device("cpu")
+
+
+def solo(model: torch.nn.Module, u: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return model.rollout(pack([torch.from_numpy(u)])).data.numpy()  # type: ignore[operator]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    requests=st.lists(
+        st.tuples(st.lists(st.integers(1, 23), min_size=1, max_size=3), st.integers(0, 6)),
+        min_size=1,
+        max_size=6,
+    ),
+    chunk=st.integers(1, 9),
+    seed=st.integers(0, 999),
+)
+def test_joins_between_chunks_equal_each_sequence_alone(
+    requests: list[tuple[list[int], int]], chunk: int, seed: int
+) -> None:
+    """Requests join at different chunks (the int: how many chunks after the previous)."""
+    model = bent_model(num_inputs=3, hidden=8, seed=seed, dtype=torch.float32)
+    model.compile_rollout("eager")
+    rng = np.random.default_rng(seed)
+    inputs = {
+        key: [rng.standard_normal((n, 3)).astype(np.float32) for n in lengths]
+        for key, (lengths, _) in enumerate(requests)
+    }
+    engine = ChunkedRollout(model, CPU, chunk)
+    results: dict[int, list[np.ndarray]] = {}
+    schedule = [(key, gap) for key, (_, gap) in enumerate(requests)]
+    while schedule or engine.running_sequences:
+        joins = []
+        while schedule and schedule[0][1] == 0:
+            key = schedule.pop(0)[0]
+            joins.append((key, inputs[key]))
+        if schedule:
+            schedule[0] = (schedule[0][0], schedule[0][1] - 1)
+        running = engine.running_sequences + sum(len(arrays) for _, arrays in joins)
+        done, steps = engine.advance(joins, [])
+        assert 0 < steps <= chunk * running or running == 0
+        assert not set(done) & set(results)
+        results.update(done)
+    assert sorted(results) == sorted(inputs)
+    for key, outs in results.items():
+        assert len(outs) == len(inputs[key])
+        for u, y in zip(inputs[key], outs, strict=True):
+            np.testing.assert_allclose(y, solo(model, u), atol=1e-6, rtol=0)
+
+
+def test_a_request_finishes_when_its_longest_sequence_does() -> None:
+    model = bent_model(num_inputs=2, hidden=4, dtype=torch.float32)
+    engine = ChunkedRollout(model, CPU, 4)
+    u = [np.ones((3, 2), np.float32), np.ones((10, 2), np.float32)]
+    finished = [engine.advance([(7, u)], [])[0]]
+    while engine.running_sequences:
+        finished.append(engine.advance([], [])[0])
+    assert finished[:2] == [{}, {}]  # 4 and 8 steps run: the 10-step sequence is not done
+    assert list(finished[2]) == [7]
+    assert [len(y) for y in finished[2][7]] == [3, 10]
+    assert len(finished) == 3
+
+
+def test_a_request_that_leaves_is_dropped_and_the_rest_continue() -> None:
+    model = bent_model(num_inputs=2, hidden=4, dtype=torch.float32)
+    rng = np.random.default_rng(3)
+    gone = [rng.standard_normal((50, 2)).astype(np.float32)]
+    stays = [rng.standard_normal((9, 2)).astype(np.float32)]
+    engine = ChunkedRollout(model, CPU, 4)
+    engine.advance([(1, gone), (2, stays)], [])
+    assert engine.running_sequences == 2
+    done, steps = engine.advance([], [1])
+    assert engine.running_sequences == 1
+    assert steps == 4  # only the staying sequence ran
+    while not done:
+        done, _ = engine.advance([], [])
+    np.testing.assert_allclose(done[2][0], solo(model, stays[0]), atol=1e-6, rtol=0)
+    assert engine.running_sequences == 0
+
+
+def test_a_failed_chunk_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = bent_model(num_inputs=2, hidden=4, dtype=torch.float32)
+    engine = ChunkedRollout(model, CPU, 2)
+    engine.advance([(1, [np.ones((9, 2), np.float32)])], [])
+
+    def broken(*args: object) -> object:
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(model, "rollout_with_state", broken)
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.advance([(2, [np.ones((3, 2), np.float32)])], [])
+    assert engine.running_sequences == 0
+    monkeypatch.undo()
+    u = np.full((5, 2), 0.5, np.float32)
+    done, _ = engine.advance([(3, [u])], [])
+    while not done:
+        done, _ = engine.advance([], [])
+    assert list(done) == [3]
+    np.testing.assert_allclose(done[3][0], solo(model, u), atol=1e-6, rtol=0)
+
+
+def test_chunk_steps_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="chunk_steps"):
+        ChunkedRollout(bent_model(), CPU, 0)
