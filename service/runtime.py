@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +30,8 @@ from models.traveller import Traveller
 from service.batching import DynamicBatcher
 from service.config import Settings
 from service.metrics import Metrics
-from service.scheduler import ContinuousBatcher
-from service.stepping import ChunkedRollout
+from service.scheduler import ChunkOutcome, ContinuousBatcher
+from service.stepping import ChunkedRollout, Piece
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,10 @@ Item = list[np.ndarray]
 
 class UnknownModel(LookupError):
     """No served model has that name."""
+
+
+class StreamingUnavailable(ValueError):
+    """The model cannot stream its output (not a continuously scheduled Traveller)."""
 
 
 @dataclass
@@ -123,8 +127,8 @@ class ModelRuntime:
             batch = [[rng.standard_normal((n, dim), np.float32) for n in lengths]]
             self._compute(name, module, batch, record=False)
             if isinstance(module, Traveller):
-                chunked = ChunkedRollout(module, self.device, 2)  # the resumable path too
-                chunked.advance([(0, batch[0])], [])
+                chunked = ChunkedRollout(module, self.device, 2)
+                chunked.advance([(0, batch[0])], [])  # the resumable path too
                 while chunked.running_sequences:
                     chunked.advance([], [])
         log.info("loaded and warmed %s in %.2f s", name, time.perf_counter() - started)
@@ -138,13 +142,15 @@ class ModelRuntime:
 
             async def advance(
                 joins: list[tuple[int, Item]], leaves: list[int]
-            ) -> tuple[dict[int, Item], int]:
+            ) -> ChunkOutcome[Item]:
                 loop = asyncio.get_running_loop()
-                done, steps = await loop.run_in_executor(executor, chunked.advance, joins, leaves)
+                done, progress, steps = await loop.run_in_executor(
+                    executor, chunked.advance, joins, leaves
+                )
                 if self.metrics is not None and steps:
                     fraction = self.metrics.batch_active_fraction.labels(name)
                     fraction.observe(chunked.last_active_fraction)
-                return done, steps
+                return ChunkOutcome(done, progress, steps)
 
             batcher = ContinuousBatcher(
                 advance,
@@ -179,6 +185,22 @@ class ModelRuntime:
         except KeyError:
             known = ", ".join(sorted(self.models)) or "none"
             raise UnknownModel(f"no model named '{name}' (served: {known})") from None
+
+    def stream(self, name: str, sequences: Item) -> AsyncIterator[list[Piece]]:
+        """Roll ``sequences`` out through Traveller ``name``, yielding output chunk by chunk.
+
+        Each item is the list of pieces ``(sequence index, first step, [n, 2] positions)``
+        that one chunk of steps produced. Needs continuous rollout scheduling.
+        """
+        served = self.get(name)
+        if not isinstance(served.batcher, ContinuousBatcher):
+            raise StreamingUnavailable(
+                f"model '{name}' cannot stream: streaming needs a Traveller with "
+                "continuous rollout scheduling"
+            )
+        return served.batcher.stream(
+            sequences, size=len(sequences), cost=sum(len(s) for s in sequences)
+        )
 
     async def infer(self, name: str, sequences: Item) -> Item:
         """Run ``sequences`` (``[T_i, input_dim]`` float32 arrays) through model ``name``."""

@@ -7,10 +7,11 @@ sequences) and finished or abandoned ones leave it, so a short item never waits 
 to end. The engine owns the per-item state (on the device); the scheduler owns only the order:
 
 ``await engine(joins, leaves)`` takes the newly admitted ``(key, item)`` pairs and the keys
-whose callers went away, advances every active item by one chunk, and returns the results of
-the items that finished in that chunk, by key, with the number of timesteps it ran. If it
-raises, every active item fails with that error (the engine must then hold nothing) and the
-scheduler goes on with the queue.
+whose callers went away, advances every active item by one chunk, and returns a
+:class:`ChunkOutcome`: the results of the items that finished in that chunk, the progress each
+running item made (handed to callers that :meth:`ContinuousBatcher.stream`), and the number of
+timesteps it ran. If it raises, every active item fails with that error (the engine must then
+hold nothing) and the scheduler goes on with the queue.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from service.batching import BatcherClosed, BatchObserver, QueueFull
 
@@ -32,8 +33,17 @@ R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
-# (joins, leaves) -> (results of the items that finished, by key; timesteps run in the chunk)
-Engine = Callable[[list[tuple[int, T]], list[int]], Awaitable[tuple[Mapping[int, R], int]]]
+
+@dataclass(frozen=True)
+class ChunkOutcome(Generic[R]):
+    """What one chunk did: items finished (by key), progress per running item, timesteps run."""
+
+    finished: Mapping[int, R]
+    progress: Mapping[int, Any]
+    steps: int
+
+
+Engine = Callable[[list[tuple[int, T]], list[int]], Awaitable[ChunkOutcome[R]]]
 
 
 @dataclass(eq=False)
@@ -43,6 +53,7 @@ class _Work(Generic[T, R]):
     size: int
     steps: int
     future: asyncio.Future[R]
+    progress: asyncio.Queue[Any] | None = None  # set for streaming callers
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -101,15 +112,48 @@ class ContinuousBatcher(Generic[T, R]):
 
         An item larger than ``max_active`` runs once it can be admitted alone.
         """
+        work = self._enqueue(item, size, cost, None)
+        return await work.future  # a cancelled caller leaves the running set at the next chunk
+
+    async def stream(self, item: T, *, size: int = 1, cost: int = 1) -> AsyncIterator[Any]:
+        """Queue ``item`` and yield its progress chunk by chunk until it finishes.
+
+        Closing the iterator early (a client that went away) takes the item out of the running
+        set at the next chunk. An error of the item's chunk is raised from the iterator.
+        """
+        work = self._enqueue(item, size, cost, asyncio.Queue())
+        progress = work.progress
+        assert progress is not None
+        try:
+            while True:
+                if progress.empty() and work.future.done():
+                    work.future.result()  # raises the chunk's error, if any
+                    return
+                getter = asyncio.ensure_future(progress.get())
+                try:
+                    await asyncio.wait({getter, work.future}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not getter.done():
+                        getter.cancel()
+                if getter.done() and not getter.cancelled():
+                    yield getter.result()
+        finally:
+            if not work.future.done():
+                work.future.cancel()
+
+    def _enqueue(
+        self, item: T, size: int, cost: int, progress: asyncio.Queue[Any] | None
+    ) -> _Work[T, R]:
         if self._closing or self._task is None:
             raise BatcherClosed(f"{self.name} is not accepting work")
         if self.max_queue_size is not None and len(self._queue) >= self.max_queue_size:
             raise QueueFull(f"{self.name} queue is full ({self.max_queue_size} waiting)")
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Work(next(self._keys), item, size, cost, future))
+        work = _Work(next(self._keys), item, size, cost, future, progress)
+        self._queue.append(work)
         self._notify_depth()
         self._arrived.set()
-        return await future  # a cancelled caller leaves the running set at the next chunk
+        return work
 
     async def close(self, drain_timeout_s: float | None = None) -> None:
         """Stop taking items, finish queued and running ones, then stop."""
@@ -173,7 +217,7 @@ class ContinuousBatcher(Generic[T, R]):
         ok = False
         steps = 0
         try:
-            finished, steps = await self._engine([(w.key, w.item) for w in joins], leaves)
+            outcome = await self._engine([(w.key, w.item) for w in joins], leaves)
         except asyncio.CancelledError:
             for work in running:
                 work.future.cancel()
@@ -187,7 +231,12 @@ class ContinuousBatcher(Generic[T, R]):
             self._active.clear()
         else:
             ok = True
-            for key, result in finished.items():
+            steps = outcome.steps
+            for key, step in outcome.progress.items():
+                runner = self._active.get(key)
+                if runner is not None and runner.progress is not None and not runner.future.done():
+                    runner.progress.put_nowait(step)
+            for key, result in outcome.finished.items():
                 done = self._active.pop(key, None)
                 if done is not None and not done.future.done():
                     done.future.set_result(result)

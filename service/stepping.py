@@ -21,10 +21,14 @@ import torch
 from models.packing import active_fraction, pack, unpack
 from models.traveller import RolloutState, Traveller
 
+# one piece of a request's output: (sequence index in the request, first step, [n, 2] positions)
+Piece = tuple[int, int, np.ndarray]
+
 
 @dataclass(eq=False)
 class _Sequence:
     key: int  # the request it belongs to
+    index: int  # its place in the request
     inputs: np.ndarray  # [T, num_inputs] float32
     outputs: np.ndarray  # [T, 2] float32, filled as steps run
     done: int = 0  # steps run so far
@@ -61,13 +65,18 @@ class ChunkedRollout:
 
     def advance(
         self, joins: list[tuple[int, list[np.ndarray]]], leaves: list[int]
-    ) -> tuple[dict[int, list[np.ndarray]], int]:
-        """Admit ``joins``, drop ``leaves``, run one chunk; the finished requests' outputs."""
+    ) -> tuple[dict[int, list[np.ndarray]], dict[int, list[Piece]], int]:
+        """Admit ``joins``, drop ``leaves``, run one chunk.
+
+        Returns the finished requests' outputs, the pieces of output each request got in this
+        chunk (for streaming), and the number of timesteps run.
+        """
         try:
             self._drop(set(leaves))
             self._join(joins)
-            steps = self._run_chunk() if self._running else 0
-            return self._collect(), steps
+            progress = self._run_chunk() if self._running else {}
+            steps = sum(len(y) for pieces in progress.values() for _, _, y in pieces)
+            return self._collect(), progress, steps
         except BaseException:
             self.reset()
             raise
@@ -90,7 +99,10 @@ class ChunkedRollout:
     def _join(self, joins: list[tuple[int, list[np.ndarray]]]) -> None:
         new: list[_Sequence] = []
         for key, arrays in joins:
-            seqs = [_Sequence(key, a, np.empty((len(a), 2), dtype=np.float32)) for a in arrays]
+            seqs = [
+                _Sequence(key, i, a, np.empty((len(a), 2), dtype=np.float32))
+                for i, a in enumerate(arrays)
+            ]
             self._requests[key] = seqs
             self._pending[key] = len(seqs)
             new.extend(seqs)
@@ -112,7 +124,7 @@ class ChunkedRollout:
             )
         self._running.extend(new)
 
-    def _run_chunk(self) -> int:
+    def _run_chunk(self) -> dict[int, list[Piece]]:
         assert self._state is not None
         lengths = [min(s.left, self.chunk_steps) for s in self._running]
         self.last_active_fraction = active_fraction(lengths)
@@ -123,11 +135,16 @@ class ChunkedRollout:
         with torch.inference_mode():
             packed, state = self.model.rollout_with_state(pack(pieces, self.device), self._state)
             outs = unpack(packed.cpu())
+        progress: dict[int, list[Piece]] = {}
         for seq, n, out in zip(self._running, lengths, outs, strict=True):
-            seq.outputs[seq.done : seq.done + n] = out.numpy()
+            start = seq.done
+            seq.outputs[start : start + n] = out.numpy()
             seq.done += n
+            progress.setdefault(seq.key, []).append(
+                (seq.index, start, seq.outputs[start : seq.done])
+            )
         self._state = state
-        return sum(lengths)
+        return progress
 
     def _collect(self) -> dict[int, list[np.ndarray]]:
         """Retire the sequences that reached their end; return the requests now complete."""

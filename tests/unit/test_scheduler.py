@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 
 import pytest
 
 from service.batching import BatcherClosed, QueueFull
-from service.scheduler import ContinuousBatcher
+from service.scheduler import ChunkOutcome, ContinuousBatcher
 
 
 class FakeEngine:
@@ -27,9 +26,7 @@ class FakeEngine:
         self.entered = asyncio.Event()
         self.fail_when: int | None = None  # raise when this item is active
 
-    async def __call__(
-        self, joins: list[tuple[int, int]], leaves: list[int]
-    ) -> tuple[Mapping[int, str], int]:
+    async def __call__(self, joins: list[tuple[int, int]], leaves: list[int]) -> ChunkOutcome[str]:
         for key in leaves:
             self.left.pop(key)
         for key, steps in joins:
@@ -45,14 +42,16 @@ class FakeEngine:
             raise RuntimeError("boom")
         ran = 0
         done = {}
+        progress = {}
         for key in list(self.left):
             n = min(self.chunk, self.left[key])
+            progress[key] = (self.items[key] - self.left[key], n)  # (first step, steps run)
             self.left[key] -= n
             ran += n
             if not self.left[key]:
                 del self.left[key]
                 done[key] = f"done {self.items[key]}"
-        return done, ran
+        return ChunkOutcome(done, progress, ran)
 
 
 async def test_a_short_item_joins_a_running_long_one_and_finishes_first() -> None:
@@ -190,10 +189,48 @@ async def test_observer_counts_chunks_steps_and_waits() -> None:
 
 
 def test_arguments_are_checked() -> None:
-    async def engine(joins: object, leaves: object) -> tuple[dict[int, str], int]:
-        return {}, 0
+    async def engine(joins: object, leaves: object) -> ChunkOutcome[str]:
+        return ChunkOutcome({}, {}, 0)
 
     with pytest.raises(ValueError, match="max_active"):
         ContinuousBatcher(engine, max_active=0)
     with pytest.raises(ValueError, match="max_queue_size"):
         ContinuousBatcher(engine, max_active=1, max_queue_size=0)
+
+
+async def test_a_stream_yields_each_chunks_progress_then_ends() -> None:
+    engine = FakeEngine(chunk=3)
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=4)
+    b.start()
+    other = asyncio.ensure_future(b.submit(20))
+    pieces = [p async for p in b.stream(8)]
+    assert pieces == [(0, 3), (3, 3), (6, 2)]
+    assert await asyncio.wait_for(other, 5) == "done 20"
+    await b.close()
+
+
+async def test_closing_a_stream_early_takes_it_out_of_the_running_set() -> None:
+    engine = FakeEngine(chunk=1)
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=4)
+    b.start()
+    stream = b.stream(1000)
+    seen = [await anext(stream) for _ in range(3)]
+    assert seen == [(0, 1), (1, 1), (2, 1)]
+    await stream.aclose()  # the client went away
+    chunks_before = len(engine.calls)
+    assert await asyncio.wait_for(b.submit(2), 5) == "done 2"
+    assert [left for _, lefts, _ in engine.calls for left in lefts] == [1000]
+    after = [active for _, _, active in engine.calls[chunks_before:]]
+    assert sum(1 for active in after if 1000 in active) <= 1  # at most the chunk under way
+    await b.close()
+
+
+async def test_a_failing_chunk_raises_from_the_stream() -> None:
+    engine = FakeEngine(chunk=1)
+    engine.fail_when = 13
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=4)
+    b.start()
+    with pytest.raises(RuntimeError, match="boom"):
+        async for _ in b.stream(13):
+            pass
+    await b.close()

@@ -52,7 +52,8 @@ def test_joins_between_chunks_equal_each_sequence_alone(
         if schedule:
             schedule[0] = (schedule[0][0], schedule[0][1] - 1)
         running = engine.running_sequences + sum(len(arrays) for _, arrays in joins)
-        done, steps = engine.advance(joins, [])
+        done, progress, steps = engine.advance(joins, [])
+        assert steps == sum(len(y) for pieces in progress.values() for _, _, y in pieces)
         assert 0 < steps <= chunk * running or running == 0
         assert not set(done) & set(results)
         results.update(done)
@@ -69,7 +70,12 @@ def test_a_request_finishes_when_its_longest_sequence_does() -> None:
     u = [np.ones((3, 2), np.float32), np.ones((10, 2), np.float32)]
     finished = [engine.advance([(7, u)], [])[0]]
     while engine.running_sequences:
-        finished.append(engine.advance([], [])[0])
+        done, progress, _ = engine.advance([], [])
+        finished.append(done)
+        # the pieces of this chunk: the long sequence's next steps only
+        assert [(i, start, len(y)) for i, start, y in progress[7]] == [
+            (1, 4 * len(finished) - 4, min(4, 14 - 4 * len(finished)))
+        ]
     assert finished[:2] == [{}, {}]  # 4 and 8 steps run: the 10-step sequence is not done
     assert list(finished[2]) == [7]
     assert [len(y) for y in finished[2][7]] == [3, 10]
@@ -84,11 +90,11 @@ def test_a_request_that_leaves_is_dropped_and_the_rest_continue() -> None:
     engine = ChunkedRollout(model, CPU, 4)
     engine.advance([(1, gone), (2, stays)], [])
     assert engine.running_sequences == 2
-    done, steps = engine.advance([], [1])
+    done, _, steps = engine.advance([], [1])
     assert engine.running_sequences == 1
     assert steps == 4  # only the staying sequence ran
     while not done:
-        done, _ = engine.advance([], [])
+        done, _, _ = engine.advance([], [])
     np.testing.assert_allclose(done[2][0], solo(model, stays[0]), atol=1e-6, rtol=0)
     assert engine.running_sequences == 0
 
@@ -107,9 +113,9 @@ def test_a_failed_chunk_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -
     assert engine.running_sequences == 0
     monkeypatch.undo()
     u = np.full((5, 2), 0.5, np.float32)
-    done, _ = engine.advance([(3, [u])], [])
+    done, _, _ = engine.advance([(3, [u])], [])
     while not done:
-        done, _ = engine.advance([], [])
+        done, _, _ = engine.advance([], [])
     assert list(done) == [3]
     np.testing.assert_allclose(done[3][0], solo(model, u), atol=1e-6, rtol=0)
 
