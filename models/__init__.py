@@ -25,12 +25,15 @@ __all__ = [
     "DEFAULT_MODEL_DIR",
     "KINDS",
     "LinearRecursion",
+    "ModelLoadError",
     "ModelNotFound",
     "Traveller",
     "available",
     "build",
     "describe",
     "load",
+    "pickles",
+    "read",
     "save",
 ]
 
@@ -40,6 +43,20 @@ KINDS = ("smoother", "traveller")
 
 class ModelNotFound(LookupError):
     """No weights file for the requested model name."""
+
+
+class ModelLoadError(ValueError):
+    """A weights file that cannot be served; the message names the file and what to do."""
+
+
+# Files that hold pickles: loading one can run arbitrary code, so rnnserve refuses them by name.
+PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt")
+
+
+def pickles(model_dir: str | Path | None = None) -> list[Path]:
+    """Pickle-format weight files in ``model_dir`` (they are refused, never loaded)."""
+    root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+    return sorted(p for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES) if root.is_dir() else []
 
 
 def build(kind: str, config: dict[str, Any]) -> nn.Module:
@@ -84,6 +101,54 @@ def available(model_dir: str | Path | None = None) -> list[str]:
     return sorted(p.stem for p in root.glob("*.safetensors"))
 
 
+def read(name: str, model_dir: str | Path | None = None) -> nn.Module:
+    """The named model with its weights, in eval mode on the CPU, not compiled.
+
+    Every way a file can fail to be a servable model raises :class:`ModelLoadError` (or
+    :class:`ModelNotFound`) with a one-line message naming the file.
+    """
+    root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+    path = root / f"{name}.safetensors"
+    if not path.is_file():
+        known = ", ".join(available(root)) or "none"
+        raise ModelNotFound(f"no model {name!r} in {root} (available: {known})")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        tensors = load_file(str(path))
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read the file: {exc.strerror or exc}") from exc
+    except Exception as exc:  # safetensors raises its own error type for bad headers
+        raise ModelLoadError(
+            f"{path}: not a valid safetensors file ({_first_line(exc)}); write models with "
+            "models.save"
+        ) from exc
+    if "kind" not in meta or "config" not in meta:
+        raise ModelLoadError(
+            f"{path}: no rnnserve metadata (kind, config); write models with models.save"
+        )
+    try:
+        config = json.loads(meta["config"])
+        if not isinstance(config, dict):
+            raise TypeError("config is not a JSON object")
+        model = build(meta["kind"], config)
+    except (ValueError, TypeError) as exc:
+        raise ModelLoadError(
+            f"{path}: bad metadata (kind {meta['kind']!r}, config {meta['config']!r}): "
+            f"{_first_line(exc)}"
+        ) from exc
+    try:
+        model.load_state_dict(tensors, strict=True)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split("\n", 2)[1:]).strip() or _first_line(exc)
+        raise ModelLoadError(
+            f"{path}: the tensors do not fit a {meta['kind']} with config {meta['config']}: "
+            f"{' '.join(detail.split())}"
+        ) from exc
+    model.eval().requires_grad_(False)
+    return model
+
+
 def load(
     name: str,
     model_dir: str | Path | None = None,
@@ -95,22 +160,16 @@ def load(
 
     Traveller models get their rollout compiled (``rollout_backend``) here, at load time.
     """
-    root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
-    path = root / f"{name}.safetensors"
-    if not path.is_file():
-        known = ", ".join(available(root)) or "none"
-        raise ModelNotFound(f"no model {name!r} in {root} (available: {known})")
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-    if "kind" not in meta or "config" not in meta:
-        raise ValueError(f"{path} has no rnnserve metadata (kind, config)")
-    model = build(meta["kind"], json.loads(meta["config"]))
-    model.load_state_dict(load_file(str(path)), strict=True)
-    model.eval().requires_grad_(False)
+    model = read(name, model_dir)
     model.to(device)
     if isinstance(model, Traveller):
         model.compile_rollout(rollout_backend)
     return model
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def describe(model: nn.Module) -> dict[str, Any]:

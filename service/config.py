@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -73,3 +73,11 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(
         30.0, ge=0, description="On shutdown, how long queued requests may take to finish."
     )
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        kind, _, index = value.partition(":")
+        if value in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+            return value
+        raise ValueError(f"unknown device {value!r}; use auto, cpu, cuda or cuda:N")

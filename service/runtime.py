@@ -43,6 +43,10 @@ class UnknownModel(LookupError):
     """No served model has that name."""
 
 
+class StartupError(RuntimeError):
+    """The server cannot start as configured; the message names the file or setting."""
+
+
 class StreamingUnavailable(ValueError):
     """The model cannot stream its output (not a continuously scheduled Traveller)."""
 
@@ -62,6 +66,46 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def preflight(settings: Settings) -> list[str]:
+    """Check the device and every model file before serving; the names of the models.
+
+    Fails closed: an unavailable device, a missing or empty model directory, a pickle in it,
+    or a file that is not a servable model raises :class:`StartupError` with one line that
+    names the setting or file and says what to do.
+    """
+    device = resolve_device(settings.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no GPU found"
+            raise StartupError(
+                f"--device {settings.device}: CUDA is not available ({why}); "
+                "use --device cpu, or auto to take a GPU when there is one"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise StartupError(
+                f"--device {settings.device}: this host has {torch.cuda.device_count()} GPU(s)"
+            )
+    where = settings.model_dir
+    if where is not None and not where.is_dir():
+        raise StartupError(f"--model-dir {where}: no such directory")
+    for path in models.pickles(where):
+        raise StartupError(
+            f"{path}: pickle files are refused (loading one can run code); save the model as "
+            "<name>.safetensors with models.save"
+        )
+    names = models.available(where)
+    if not names:
+        raise StartupError(
+            f"--model-dir {where}: holds no <name>.safetensors model; nothing to serve"
+        )
+    for name in names:
+        try:
+            models.read(name, where)
+        except (models.ModelLoadError, models.ModelNotFound) as exc:
+            raise StartupError(str(exc)) from exc
+    return names
 
 
 def run_model(module: nn.Module, packed: PackedSequence) -> PackedSequence:
@@ -87,7 +131,7 @@ class ModelRuntime:
         threads = self.settings.torch_threads
         torch.set_num_threads(threads)
         loop = asyncio.get_running_loop()
-        for name in models.available(self.settings.model_dir):
+        for name in preflight(self.settings):
             # the thread that loads and warms a model is the one that runs it
             executor = ThreadPoolExecutor(
                 max_workers=1,
@@ -103,7 +147,7 @@ class ModelRuntime:
             self.models[name] = self._serve(name, module, executor)
         for served in self.models.values():
             served.batcher.start()
-        log.info("serving %s on %s", ", ".join(sorted(self.models)) or "no models", self.device)
+        log.info("serving %s on %s", ", ".join(sorted(self.models)), self.device)
 
     async def stop(self) -> None:
         await asyncio.gather(
