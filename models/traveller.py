@@ -146,6 +146,15 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
     - ``"triton"``: fused Triton step kernels, CUDA (:mod:`models.kernels.rollout_triton`);
     - ``"auto"``: the fastest measured for the device (docs/BENCHMARKS.md).
     """
+    if backend == "auto" and device.type == "cpu":
+        # The numba loop beat TorchScript on one core at B=1 and at B=64 (by 3-5x and ~2x,
+        # bench/rollout_cpu_probe.py); TorchScript stays the CPU choice where numba is missing.
+        try:
+            import models.kernels.rollout_cpu  # noqa: F401
+        except ImportError:
+            backend = "torchscript"
+        else:
+            backend = "numba"
     if backend == "auto":
         backend = "torchscript"
     if backend == "torchscript":
@@ -153,8 +162,9 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
     if backend == "eager":
         return rollout_packed, backend
     if backend == "numba":
-        from models.kernels.rollout_cpu import rollout_packed_numba
+        from models.kernels.rollout_cpu import compile_for, rollout_packed_numba
 
+        compile_for(torch.float32)  # JIT here, at load, not in the first request (seconds)
         return rollout_packed_numba, backend
     if backend == "triton":
         from models.kernels.rollout_triton import rollout_packed_triton

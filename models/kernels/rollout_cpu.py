@@ -1,0 +1,495 @@
+"""The Traveller's rollout as one compiled CPU loop (numba, ``nogil``), with fused LSTM gates.
+
+:func:`rollout_packed_numba` has exactly the semantics of :func:`models.traveller.rollout_packed`
+(same arguments, same weight layout, same results); the whole time loop runs in one numba call
+that releases the GIL, so it runs in the service's worker thread without holding up the event
+loop. A layer's gates ``[b, 4H] = z[:b] @ W`` come, per step, from one of two places, chosen by
+the number of active rows ``b`` (measured on one core, bench/rollout_cpu_probe.py):
+
+- one row (``b < GEMM_FROM``): a hand-written matrix-vector loop. Eight weight rows at a time
+  are scaled into the ``4H`` outputs; the inner loop runs over contiguous outputs, so it
+  vectorises, and the step streams the ~0.8 MB of weights from cache once;
+- more rows: BLAS ``gemm``, called from inside the loop: MKL's ``sgemm_``/``dgemm_`` where the
+  torch build exports them (x86-64 Linux wheels), else ``np.dot`` (numba calls scipy's BLAS),
+  else the hand-written loop.
+
+The gate nonlinearities and the cell update of a layer run in one fused loop.
+
+The state lives in per-layer input buffers laid out as the GEMM reads them: layer 0 reads
+``z0 = [p | h_0]``, layer ``l`` reads ``[h_{l-1} | h_l]``; a layer writes its new ``h`` into its
+own buffer and the next layer's. Rows ``b..`` of every buffer are finished sequences: they are
+not touched again, so each sequence's final state is simply what its rows hold at the end.
+
+Activations: float64 uses libm's ``tanh`` and ``exp`` (the conformance tests compare at 1e-10).
+float32 uses a rational ``tanh`` (Eigen's ``generic_fast_tanh_float``, |error| < 4e-7; pure
+arithmetic, so the gate loop vectorises, which libm calls would not) and
+``sigmoid(x) = (1 + tanh(x / 2)) / 2``. The only fast-math flag is ``contract`` (fused
+multiply-add, one rounding instead of two); nothing is reordered.
+
+Compiling takes seconds, once per process and dtype: :func:`compile_for` does it at load time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import itertools
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+try:  # numba is a runtime dependency; without it this module cannot be imported.
+    import numba
+    from numba.core import types as nb_types
+    from numba.extending import overload
+except ImportError as exc:  # pragma: no cover - exercised only where numba is missing
+    raise ImportError("models.kernels.rollout_cpu needs numba") from exc
+
+# From this many active rows on, a step's gates come from BLAS gemm; below it, from the
+# hand-written loop. On one core of an AVX-512 Xeon, MKL's gemm already wins at 2 rows and
+# loses to the loop at 1 (bench/rollout_cpu_probe.py --gemm-from 1 2 3).
+GEMM_FROM = 2
+
+
+def _mkl_gemm() -> tuple[Any, Any] | None:
+    """MKL's Fortran ``sgemm_``/``dgemm_`` as ctypes functions, if this torch build exports them.
+
+    PyTorch's x86-64 Linux wheels link MKL statically into ``libtorch_cpu`` and export its BLAS
+    interface; on one core it runs these small GEMMs 1.4-2x faster than scipy's OpenBLAS. MKL's
+    threads follow torch's (``torch.set_num_threads``), as the service sets them.
+    """
+    lib_dir = Path(torch.__file__).parent / "lib"
+    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib"):
+        try:
+            lib = ctypes.CDLL(str(lib_dir / name))
+            proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 13))
+            return proto(("sgemm_", lib)), proto(("dgemm_", lib))
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+# ---------------------------------------------------------------------------- activations
+
+_F32 = np.float32
+# Eigen's generic_fast_tanh_float: tanh(x) ~ x P(x^2) / Q(x^2) on [-c, c]
+_TANH_CLAMP = _F32(7.90531110763549805)
+_A1, _A3, _A5, _A7 = (
+    _F32(4.89352455891786e-03),
+    _F32(6.37261928875436e-04),
+    _F32(1.48572235717979e-05),
+    _F32(5.12229709037114e-08),
+)
+_A9, _A11, _A13 = (
+    _F32(-8.60467152213735e-11),
+    _F32(2.00018790482477e-13),
+    _F32(-2.76076847742355e-16),
+)
+_B0, _B2, _B4, _B6 = (
+    _F32(4.89352518554385e-03),
+    _F32(2.26843463243900e-03),
+    _F32(1.18534705686654e-04),
+    _F32(1.19825839466702e-06),
+)
+_HALF32 = _F32(0.5)
+
+
+def _tanh(x: Any) -> Any:  # pragma: no cover - typed by the overloads below
+    raise NotImplementedError
+
+
+def _sigmoid(x: Any) -> Any:  # pragma: no cover - typed by the overloads below
+    raise NotImplementedError
+
+
+def _tanh32(x: Any) -> Any:
+    x = min(max(x, -_TANH_CLAMP), _TANH_CLAMP)
+    x2 = x * x
+    p = _A13
+    p = p * x2 + _A11
+    p = p * x2 + _A9
+    p = p * x2 + _A7
+    p = p * x2 + _A5
+    p = p * x2 + _A3
+    p = p * x2 + _A1
+    q = _B6
+    q = q * x2 + _B4
+    q = q * x2 + _B2
+    q = q * x2 + _B0
+    return x * p / q
+
+
+def _sigmoid32(x: Any) -> Any:
+    return _HALF32 + _HALF32 * _tanh(_HALF32 * x)
+
+
+def _tanh64(x: Any) -> Any:
+    return math.tanh(x)
+
+
+def _sigmoid64(x: Any) -> Any:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _overload_tanh(x: Any) -> Any:
+    if isinstance(x, nb_types.Float):
+        return _tanh32 if x.bitwidth == 32 else _tanh64
+    return None
+
+
+def _overload_sigmoid(x: Any) -> Any:
+    if isinstance(x, nb_types.Float):
+        return _sigmoid32 if x.bitwidth == 32 else _sigmoid64
+    return None
+
+
+# error_model="numpy": no ZeroDivisionError check on `/`, which would keep loops from vectorising
+overload(_tanh, jit_options={"nogil": True, "error_model": "numpy", "fastmath": {"contract"}})(
+    _overload_tanh
+)
+overload(_sigmoid, jit_options={"nogil": True, "error_model": "numpy", "fastmath": {"contract"}})(
+    _overload_sigmoid
+)
+
+# ---------------------------------------------------------------------------- the loop
+
+
+def _jit(fn: Any) -> Any:
+    """``fn`` compiled without the GIL, bounds checks or Python's division-by-zero checks.
+
+    ``fastmath={"contract"}`` lets LLVM fuse ``a * b + c`` into one FMA (one rounding instead
+    of two); no other fast-math flag, so nothing is reordered.
+    """
+    return numba.njit(
+        fn,
+        nogil=True,
+        cache=False,
+        boundscheck=False,
+        error_model="numpy",
+        fastmath={"contract"},
+    )
+
+
+def _gemm_small(z: Any, w: Any, b: int, g: Any) -> None:
+    # g[:b] = z[:b] @ w; z: [B, K], w: [K, 4H], g: [B, 4H]. Eight weight rows at a time are
+    # read once for all b rows; the inner loop runs over the 4H contiguous outputs (vectorised).
+    n_out = w.shape[1]
+    n_in = w.shape[0]
+    for r in range(b):
+        for j in range(n_out):
+            g[r, j] = 0
+    k = 0
+    while k + 8 <= n_in:
+        w0, w1, w2, w3 = w[k], w[k + 1], w[k + 2], w[k + 3]
+        w4, w5, w6, w7 = w[k + 4], w[k + 5], w[k + 6], w[k + 7]
+        for r in range(b):
+            gr = g[r]
+            z0, z1, z2, z3 = z[r, k], z[r, k + 1], z[r, k + 2], z[r, k + 3]
+            z4, z5, z6, z7 = z[r, k + 4], z[r, k + 5], z[r, k + 6], z[r, k + 7]
+            for j in range(n_out):
+                gr[j] = (
+                    gr[j]
+                    + z0 * w0[j]
+                    + z1 * w1[j]
+                    + z2 * w2[j]
+                    + z3 * w3[j]
+                    + z4 * w4[j]
+                    + z5 * w5[j]
+                    + z6 * w6[j]
+                    + z7 * w7[j]
+                )
+        k += 8
+    while k < n_in:
+        wk = w[k]
+        for r in range(b):
+            gr = g[r]
+            zk = z[r, k]
+            for j in range(n_out):
+                gr[j] += zk * wk[j]
+        k += 1
+
+
+_gemm_small_jit = _jit(_gemm_small)
+_MKL = _mkl_gemm()
+_HAVE_SCIPY_BLAS = importlib.util.find_spec("scipy") is not None
+
+
+def _gemm_mkl(z: Any, w: Any, b: int, g: Any, ints: Any, scalars: Any) -> None:
+    # g[:b] = z[:b] @ w through MKL's Fortran gemm: column-major, so it computes
+    # g^T [4H, b] = w^T [4H, K] @ z^T [K, b], which are the same bytes as our row-major arrays.
+    # ints: int32 [8] scratch (m, n, k, lda, ldb, ldc, 'N', 'N'); scalars: [2] scratch, g's dtype
+    ints[0] = w.shape[1]
+    ints[1] = b
+    ints[2] = w.shape[0]
+    ints[3] = w.shape[1]
+    ints[4] = z.shape[1]
+    ints[5] = g.shape[1]
+    ints[6] = 78  # 'N', read as a character by the Fortran interface
+    ints[7] = 78
+    scalars[0] = 1
+    scalars[1] = 0
+    fn = _MKL_S if g.itemsize == 4 else _MKL_D
+    fn(
+        ints[6:].ctypes,
+        ints[7:].ctypes,
+        ints[0:].ctypes,
+        ints[1:].ctypes,
+        ints[2:].ctypes,
+        scalars[0:].ctypes,
+        w.ctypes,
+        ints[3:].ctypes,
+        z.ctypes,
+        ints[4:].ctypes,
+        scalars[1:].ctypes,
+        g.ctypes,
+        ints[5:].ctypes,
+    )
+
+
+def _gemm_numpy(z: Any, w: Any, b: int, g: Any, ints: Any, scalars: Any) -> None:
+    np.dot(z[:b], w, g[:b])  # numba calls scipy's BLAS
+
+
+def _gemm_fallback(z: Any, w: Any, b: int, g: Any, ints: Any, scalars: Any) -> None:
+    _gemm_small_jit(z, w, b, g)
+
+
+if _MKL is not None:
+    _MKL_S, _MKL_D = _MKL
+    BLAS = "mkl"
+    _gemm_blas_jit = _jit(_gemm_mkl)
+elif _HAVE_SCIPY_BLAS:
+    BLAS = "scipy"
+    _gemm_blas_jit = _jit(_gemm_numpy)
+else:  # pragma: no cover - no BLAS reachable from numba: every step takes the hand-written loop
+    BLAS = "none"
+    _gemm_blas_jit = _jit(_gemm_fallback)
+
+
+def _cell(g: Any, add: Any, c: Any, b: int, z: Any, col: int, z_next: Any) -> None:
+    # Fused LSTM cell on rows :b. g: [B, 4H] pre-activations (gate order i, f, g, o) still
+    # missing `add` ([b, 4H] rows, or a [1, 4H] bias broadcast to every row); c: [B, H] updated
+    # in place; the new h goes to z[:, col:col + H] (this layer's next step) and, unless z_next
+    # has no rows (the top layer), to z_next[:, :H] (the next layer's input). Each row's gates
+    # are taken as 1-D views so LLVM sees contiguous, non-overlapping runs and vectorises.
+    hidden = c.shape[1]
+    one_row = add.shape[0] == 1
+    for r in range(b):
+        ar = 0 if one_row else r
+        gi, gf = g[r, :hidden], g[r, hidden : 2 * hidden]
+        gg, go = g[r, 2 * hidden : 3 * hidden], g[r, 3 * hidden :]
+        ai, af = add[ar, :hidden], add[ar, hidden : 2 * hidden]
+        ag, ao = add[ar, 2 * hidden : 3 * hidden], add[ar, 3 * hidden :]
+        cr = c[r]
+        hr = z[r, col : col + hidden]
+        for j in range(hidden):
+            i = _sigmoid(gi[j] + ai[j])
+            f = _sigmoid(gf[j] + af[j])
+            cell_in = _tanh(gg[j] + ag[j])
+            o = _sigmoid(go[j] + ao[j])
+            c_new = f * cr[j] + i * cell_in
+            cr[j] = c_new
+            hr[j] = o * _tanh(c_new)
+        if z_next.shape[0] > 0:
+            for j in range(hidden):
+                z_next[r, j] = hr[j]
+
+
+_cell_jit = _jit(_cell)
+
+
+def _rollout_loop(
+    gu: Any,  # [N, 4H]: layer 0's input projection u @ W0_u + b0, per packed row
+    batch_sizes: Any,  # [T] int64, non-increasing
+    w0: Any,  # [2 + H, 4H]: layer 0's rows for (p, h_0)
+    w_up: Any,  # [L - 1, 2H, 4H]: layer l's rows for (h_{l-1}, h_l)
+    b_up: Any,  # [L - 1, 1, 4H]
+    w_out_t: Any,  # [2, H]
+    b_out: Any,  # [2]
+    z0: Any,  # [B, 2 + H] state in/out: (p, h_0)
+    z_up: Any,  # [L - 1, B, 2H] state in/out: (h_{l-1}, h_l)
+    c: Any,  # [L, B, H] state in/out
+    out: Any,  # [N, 2] positions
+    gemm_from: int,
+) -> None:
+    hidden = c.shape[2]
+    n_up = z_up.shape[0]
+    g = np.empty((z0.shape[0], 4 * hidden), dtype=z0.dtype)
+    no_rows = np.empty((0, 2 * hidden), dtype=z0.dtype)
+    lanes = np.zeros((2, 16), dtype=z0.dtype)
+    ints = np.zeros(8, dtype=np.int32)
+    scalars = np.zeros(2, dtype=z0.dtype)
+    off = 0
+    for t in range(batch_sizes.shape[0]):
+        b = batch_sizes[t]
+        for layer in range(n_up + 1):
+            z = z0 if layer == 0 else z_up[layer - 1]
+            w = w0 if layer == 0 else w_up[layer - 1]
+            if b >= gemm_from:
+                _gemm_blas_jit(z, w, b, g, ints, scalars)
+            else:
+                _gemm_small_jit(z, w, b, g)
+            add = gu[off : off + b] if layer == 0 else b_up[layer - 1]
+            z_next = z_up[layer] if layer < n_up else no_rows
+            _cell_jit(g, add, c[layer], b, z, 2 if layer == 0 else hidden, z_next)
+        z_top = z_up[n_up - 1] if n_up else z0
+        top_col = hidden if n_up else 2
+        for r in range(b):
+            # p = tanh(h_top @ w_out + b_out), summed in 16 independent lanes so it vectorises
+            h_top = z_top[r, top_col : top_col + hidden]
+            for q in range(16):
+                lanes[0, q] = 0
+                lanes[1, q] = 0
+            k0 = 0
+            while k0 + 16 <= hidden:
+                for q in range(16):
+                    lanes[0, q] += h_top[k0 + q] * w_out_t[0, k0 + q]
+                    lanes[1, q] += h_top[k0 + q] * w_out_t[1, k0 + q]
+                k0 += 16
+            for q in range(hidden - k0):
+                lanes[0, q] += h_top[k0 + q] * w_out_t[0, k0 + q]
+                lanes[1, q] += h_top[k0 + q] * w_out_t[1, k0 + q]
+            for d in range(2):
+                acc = b_out[d]
+                for q in range(16):
+                    acc += lanes[d, q]
+                p_d = _tanh(acc)
+                out[off + r, d] = p_d
+                z0[r, d] = p_d
+        off += b
+
+
+_rollout_loop_jit = _jit(_rollout_loop)
+
+
+def _check_shapes(
+    u: Tensor,
+    batch_sizes: list[int],
+    w_cat: list[Tensor],
+    bias: list[Tensor],
+    w_out: Tensor,
+    b_out: Tensor,
+    state: tuple[Tensor | None, Tensor | None, Tensor | None],
+) -> None:
+    # The compiled loop does not check bounds: a wrong shape must not reach it.
+    num_layers, hidden = len(w_cat), w_cat[0].shape[1] // 4
+    b_max = batch_sizes[0] if batch_sizes else 0
+    want: list[tuple[str, Tensor | None, tuple[int, ...]]] = [
+        ("w_cat[0]", w_cat[0], (2 + hidden + u.shape[1], 4 * hidden)),
+        *((f"w_cat[{i}]", w, (2 * hidden, 4 * hidden)) for i, w in enumerate(w_cat[1:], 1)),
+        *((f"bias[{i}]", b, (4 * hidden,)) for i, b in enumerate(bias)),
+        ("w_out", w_out, (hidden, 2)),
+        ("b_out", b_out, (2,)),
+        ("h0", state[0], (num_layers, b_max, hidden)),
+        ("c0", state[1], (num_layers, b_max, hidden)),
+        ("p0", state[2], (b_max, 2)),
+    ]
+    for name, t, shape in want:
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if len(bias) != num_layers or u.dim() != 2 or hidden < 1:
+        raise ValueError("expected one bias per layer and 2-D packed inputs")
+    if not batch_sizes or sum(batch_sizes) != u.shape[0] or batch_sizes[-1] < 1:
+        raise ValueError(f"batch_sizes must be positive and sum to {u.shape[0]} rows")
+    if any(a < b for a, b in itertools.pairwise(batch_sizes)):
+        raise ValueError("batch_sizes must be non-increasing")
+
+
+def rollout_packed_numba(
+    u: Tensor,  # [N, num_inputs]: packed rows, time-major, longest sequence first
+    batch_sizes: list[int],  # [T]: active sequences per step, non-increasing
+    w_cat: list[Tensor],  # per layer: [in + H, 4H]; rows (x, h_l), layer 0: (p, h_0, u)
+    bias: list[Tensor],  # per layer: [4H] = b_ih + b_hh
+    w_out: Tensor,  # [H, 2]
+    b_out: Tensor,  # [2]
+    h0: Tensor | None = None,  # [L, B, H] initial h, packed (sorted) order; None: zeros
+    c0: Tensor | None = None,  # [L, B, H] initial c; None: zeros
+    p0: Tensor | None = None,  # [B, 2] position fed back at the first step; None: zeros
+    *,
+    gemm_from: int | None = None,  # BLAS from this many active rows on; None: GEMM_FROM
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`models.traveller.rollout_packed` as one compiled CPU loop (float32 or float64).
+
+    Returns the ``[N, 2]`` packed positions and the final state ``(h_T, c_T, p_T)``, each
+    sequence's state after its own last step. CPU tensors only; not differentiable.
+    """
+    if u.device.type != "cpu":
+        raise ValueError(f"the numba rollout runs on CPU tensors, got {u.device}")
+    if u.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"the numba rollout takes float32 or float64, got {u.dtype}")
+    dtype = u.dtype
+    num_layers = len(w_cat)
+    hidden = w_cat[0].shape[1] // 4
+    b_max = batch_sizes[0]
+    _check_shapes(u, batch_sizes, w_cat, bias, w_out, b_out, (h0, c0, p0))
+
+    def arr(t: Tensor) -> np.ndarray[Any, Any]:
+        return t.detach().to(dtype).contiguous().numpy()
+
+    w0 = w_cat[0][: 2 + hidden]  # [2 + H, 4H]
+    gu = torch.addmm(bias[0].to(dtype), u, w_cat[0][2 + hidden :].to(dtype))  # [N, 4H]
+    if num_layers > 1:
+        w_up = arr(torch.stack(w_cat[1:]))  # [L - 1, 2H, 4H]
+        b_up = arr(torch.stack(bias[1:]))[:, None, :]  # [L - 1, 1, 4H]
+    else:
+        w_up = np.zeros((0, 2 * hidden, 4 * hidden), dtype=arr(w0).dtype)
+        b_up = np.zeros((0, 1, 4 * hidden), dtype=w_up.dtype)
+    # the state buffers, laid out as each layer's GEMM reads them (see the module docstring)
+    z0 = np.zeros((b_max, 2 + hidden), dtype=w_up.dtype)
+    z_up = np.zeros((num_layers - 1, b_max, 2 * hidden), dtype=w_up.dtype)
+    c = np.zeros((num_layers, b_max, hidden), dtype=w_up.dtype) if c0 is None else arr(c0).copy()
+    if p0 is not None:
+        z0[:, :2] = arr(p0)
+    if h0 is not None:
+        h = arr(h0)
+        z0[:, 2:] = h[0]
+        for layer in range(1, num_layers):
+            z_up[layer - 1, :, :hidden] = h[layer - 1]
+            z_up[layer - 1, :, hidden:] = h[layer]
+    out = np.empty((u.shape[0], 2), dtype=w_up.dtype)
+    _rollout_loop_jit(
+        arr(gu),
+        np.asarray(batch_sizes, dtype=np.int64),
+        arr(w0),
+        w_up,
+        np.ascontiguousarray(b_up),
+        arr(w_out.t()),
+        arr(b_out),
+        z0,
+        z_up,
+        c,
+        out,
+        GEMM_FROM if gemm_from is None else max(gemm_from, 1),
+    )
+    h_t = np.empty((num_layers, b_max, hidden), dtype=w_up.dtype)
+    h_t[0] = z0[:, 2:]
+    for layer in range(1, num_layers):
+        h_t[layer] = z_up[layer - 1, :, hidden:]
+    p_t = np.ascontiguousarray(z0[:, :2])
+    return (
+        torch.from_numpy(out),
+        torch.from_numpy(h_t),
+        torch.from_numpy(c),
+        torch.from_numpy(p_t),
+    )
+
+
+def compile_for(dtype: torch.dtype) -> None:
+    """JIT-compile the loop for ``dtype`` now (a few seconds, once per process and dtype).
+
+    One compilation serves every batch size, length and model size of that dtype, so calling
+    this at load time keeps the first request from paying for it.
+    """
+    hidden, num_inputs = 4, 1
+    w_cat = [
+        torch.zeros(2 + hidden + num_inputs, 4 * hidden, dtype=dtype),
+        torch.zeros(2 * hidden, 4 * hidden, dtype=dtype),
+    ]
+    bias = [torch.zeros(4 * hidden, dtype=dtype)] * 2
+    u = torch.zeros(3, num_inputs, dtype=dtype)
+    w_out = torch.zeros(hidden, 2, dtype=dtype)
+    rollout_packed_numba(u, [2, 1], w_cat, bias, w_out, torch.zeros(2, dtype=dtype))
