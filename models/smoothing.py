@@ -2,6 +2,10 @@
 
 For one sequence ``x_0 .. x_{T-1}``: ``s_0 = x_0``, ``s_t = alpha * s_{t-1} + (1 - alpha) * x_t``,
 ``y_t = tanh(wx * s_t)``. ``alpha`` and ``wx`` are trainable, one value per feature.
+
+:meth:`LinearRecursion.forward_with_state` also takes a state to resume from (``s_{-1}``, so
+``s_0 = alpha * s_{-1} + (1 - alpha) * x_0``) and returns each sequence's final state: a long
+sequence smoothed in pieces equals the sequence smoothed at once.
 """
 
 from __future__ import annotations
@@ -13,9 +17,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from models.kernels import ema_packed_numba, ema_packed_torch, numba_available
+from models.kernels import (
+    ema_packed_numba,
+    ema_packed_torch,
+    last_step_rows,
+    numba_available,
+    triton_available,
+)
 
-Kernel = Literal["auto", "numba", "torch"]
+Kernel = Literal["auto", "numba", "torch", "triton"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,11 @@ class LinearRecursion(nn.Module):
 
     ``forward`` takes and returns a PackedSequence with the same ``batch_sizes``,
     ``sorted_indices`` and ``unsorted_indices``.
+
+    ``kernel`` picks the implementation: ``"triton"`` (chunked parallel scan, CUDA; forward and
+    backward), ``"numba"`` (compiled CPU loop, no autograd), ``"torch"`` (a step loop, anywhere,
+    differentiable), or ``"auto"``: triton on CUDA tensors when triton imports, numba on the CPU
+    when no gradient is needed, torch otherwise.
     """
 
     def __init__(self, feat_dim: int, alpha_smooth: float = 0.5) -> None:
@@ -37,7 +52,6 @@ class LinearRecursion(nn.Module):
         self.alpha_smooth = nn.Parameter(torch.full((feat_dim,), float(alpha_smooth)))
         self.wx = nn.Parameter(torch.ones(feat_dim))
         self.activation = nn.Tanh()
-        # "auto": the compiled CPU loop when no gradient is needed, else the torch step loop.
         self.kernel: Kernel = "auto"
 
     @property
@@ -45,6 +59,48 @@ class LinearRecursion(nn.Module):
         return SmootherConfig(feat_dim=self.feat_dim)
 
     def forward(self, x: PackedSequence) -> PackedSequence:
+        data = self._check(x)
+        kernel = self._pick_kernel(data, None)
+        if kernel == "triton":
+            y, _ = self._triton(data, x.batch_sizes, None)
+        else:
+            y = self._epilogue(self._ema(kernel, data, x.batch_sizes, None))
+        return PackedSequence(y, x.batch_sizes, x.sorted_indices, x.unsorted_indices)
+
+    def forward_with_state(
+        self, x: PackedSequence, state: Tensor | None = None
+    ) -> tuple[PackedSequence, Tensor]:
+        """Smooth ``x`` starting from ``state`` and return the output and the final state.
+
+        ``state``: [B, F], the state before each sequence's first step (``s_{-1}``), in the
+        original order of the sequences (as ``unpack`` returns them); None starts with
+        ``s_0 = x_0`` as :meth:`forward` does. Returns the output PackedSequence and ``s`` at
+        each sequence's own last step, [B, F] in the original order.
+        """
+        data = self._check(x)
+        n_seqs = int(x.batch_sizes[0])
+        init = None
+        if state is not None:
+            if tuple(state.shape) != (n_seqs, self.feat_dim):
+                raise ValueError(
+                    f"expected a state of shape [{n_seqs}, {self.feat_dim}] (one row per "
+                    f"sequence), got {list(state.shape)}"
+                )
+            init = state.to(device=data.device, dtype=data.dtype)
+            if x.sorted_indices is not None:  # original order -> the packed (sorted) order
+                init = init.index_select(0, x.sorted_indices)
+        kernel = self._pick_kernel(data, init)
+        if kernel == "triton":
+            y, final = self._triton(data, x.batch_sizes, init)
+        else:
+            s = self._ema(kernel, data, x.batch_sizes, init)
+            final = s.index_select(0, last_step_rows(x.batch_sizes).to(s.device))
+            y = self._epilogue(s)
+        if x.unsorted_indices is not None:
+            final = final.index_select(0, x.unsorted_indices)
+        return PackedSequence(y, x.batch_sizes, x.sorted_indices, x.unsorted_indices), final
+
+    def _check(self, x: PackedSequence) -> Tensor:
         if not isinstance(x, PackedSequence):
             raise TypeError(
                 f"LinearRecursion takes a PackedSequence, got {type(x).__name__}; "
@@ -55,18 +111,34 @@ class LinearRecursion(nn.Module):
             raise ValueError(
                 f"expected packed data of shape [N, {self.feat_dim}], got {list(data.shape)}"
             )
-        s = self._ema(data, x.batch_sizes)
-        # Both kernels return a fresh buffer: without autograd, finish in place (no allocations).
-        y = self.activation(self.wx * s) if s.requires_grad else s.mul_(self.wx).tanh_()
-        return PackedSequence(y, x.batch_sizes, x.sorted_indices, x.unsorted_indices)
+        return data
 
-    def _ema(self, data: Tensor, batch_sizes: Tensor) -> Tensor:
-        alpha = self.alpha_smooth
-        kernel = self.kernel
-        if kernel == "auto":
-            needs_grad = torch.is_grad_enabled() and (alpha.requires_grad or data.requires_grad)
-            on_cpu = data.device.type == "cpu" and data.dtype in (torch.float32, torch.float64)
-            kernel = "numba" if on_cpu and not needs_grad and numba_available() else "torch"
+    def _pick_kernel(self, data: Tensor, init: Tensor | None) -> Kernel:
+        if self.kernel != "auto":
+            return self.kernel
+        if data.device.type == "cuda" and triton_available():
+            return "triton"
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (self.alpha_smooth, data, init)
+        )
+        on_cpu = data.device.type == "cpu" and data.dtype in (torch.float32, torch.float64)
+        return "numba" if on_cpu and not needs_grad and numba_available() else "torch"
+
+    def _ema(
+        self, kernel: Kernel, data: Tensor, batch_sizes: Tensor, init: Tensor | None
+    ) -> Tensor:
         if kernel == "numba":
-            return ema_packed_numba(data, batch_sizes, alpha)
-        return ema_packed_torch(data, batch_sizes, alpha)
+            return ema_packed_numba(data, batch_sizes, self.alpha_smooth, init)
+        return ema_packed_torch(data, batch_sizes, self.alpha_smooth, init)
+
+    def _epilogue(self, s: Tensor) -> Tensor:
+        # Both CPU kernels return a fresh buffer: without autograd, finish in place.
+        return self.activation(self.wx * s) if s.requires_grad else s.mul_(self.wx).tanh_()
+
+    def _triton(
+        self, data: Tensor, batch_sizes: Tensor, init: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        # imported here: triton is optional, and importing it takes a while
+        from models.kernels.smoother_triton import smooth_packed_triton
+
+        return smooth_packed_triton(data, batch_sizes, self.alpha_smooth, self.wx, init)

@@ -2,7 +2,8 @@
 
 - :mod:`models.kernels.smoother_cpu`: the smoother's recursion on packed rows (a numba loop for
   CPU inference; a differentiable torch step loop that runs anywhere);
-- :mod:`models.kernels.smoother_triton`: the smoother as a chunked parallel scan in Triton (GPU);
+- :mod:`models.kernels.smoother_triton`: the smoother as a chunked parallel scan in Triton (GPU),
+  forward and backward;
 - :mod:`models.kernels.rollout_cpu`: the Traveller's rollout as one compiled CPU loop;
 - :mod:`models.kernels.rollout_triton`: the Traveller's rollout as fused Triton step kernels.
 
@@ -10,6 +11,32 @@ Model classes pick among them; the loader compiles and captures. Kernels that ne
 package (triton) import it lazily, so ``import models`` works without it.
 """
 
-from models.kernels.smoother_cpu import ema_packed_numba, ema_packed_torch, numba_available
+from __future__ import annotations
 
-__all__ = ["ema_packed_numba", "ema_packed_torch", "numba_available"]
+import functools
+
+from models.kernels.smoother_cpu import (
+    ema_packed_numba,
+    ema_packed_torch,
+    last_step_rows,
+    numba_available,
+)
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether triton imports here (it is imported on the first call, not with this package)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # ImportError, or a broken install that fails while loading
+        return False
+    return True
+
+
+__all__ = [
+    "ema_packed_numba",
+    "ema_packed_torch",
+    "last_step_rows",
+    "numba_available",
+    "triton_available",
+]

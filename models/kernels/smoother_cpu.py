@@ -5,7 +5,11 @@ padding, no per-sequence Python loop and no index tensors are needed:
 
 - :func:`ema_packed_numba` is a compiled CPU loop over the packed rows (inference only);
 - :func:`ema_packed_torch` loops over *steps* in Python with one slice per step; it runs on any
-  device and is differentiable, so it is the training path and the GPU path for now.
+  device and is differentiable, so it is the training path off the GPU.
+
+Both take an optional initial state ``init`` ([B, F], sorted order, the state before step 0):
+with it ``s_0 = alpha * init + (1 - alpha) * x_0``, without it ``s_0 = x_0``.
+:func:`last_step_rows` finds each sequence's final state among the packed rows.
 """
 
 from __future__ import annotations
@@ -24,13 +28,20 @@ except ImportError:  # pragma: no cover - exercised only where numba is missing
     _HAVE_NUMBA = False
 
 
-def _ema_rows(x: Any, batch_sizes: Any, alpha: Any, out: Any) -> None:
-    # x, out: [N, F] packed rows; batch_sizes: [T] non-increasing; alpha: [F]
+def _ema_rows(x: Any, batch_sizes: Any, alpha: Any, init: Any, out: Any) -> None:
+    # x, out: [N, F] packed rows; batch_sizes: [T] non-increasing; alpha: [F];
+    # init: [B, F] state before step 0, or [0, F] for s_0 = x_0
     n_feat = x.shape[1]
     b0 = batch_sizes[0]
-    for r in range(b0):
-        for f in range(n_feat):
-            out[r, f] = x[r, f]
+    if init.shape[0] == 0:
+        for r in range(b0):
+            for f in range(n_feat):
+                out[r, f] = x[r, f]
+    else:
+        for r in range(b0):
+            for f in range(n_feat):
+                a = alpha[f]
+                out[r, f] = a * init[r, f] + (1 - a) * x[r, f]
     prev = 0
     off = b0
     for t in range(1, batch_sizes.shape[0]):
@@ -51,7 +62,9 @@ def numba_available() -> bool:
     return _HAVE_NUMBA
 
 
-def ema_packed_numba(data: Tensor, batch_sizes: Tensor, alpha: Tensor) -> Tensor:
+def ema_packed_numba(
+    data: Tensor, batch_sizes: Tensor, alpha: Tensor, init: Tensor | None = None
+) -> Tensor:
     """Exponential smoothing of packed CPU rows with a compiled loop. Not differentiable."""
     if not _HAVE_NUMBA:
         raise RuntimeError("numba is not installed")
@@ -60,23 +73,43 @@ def ema_packed_numba(data: Tensor, batch_sizes: Tensor, alpha: Tensor) -> Tensor
     x = data.detach().contiguous().numpy()
     a = alpha.detach().to(dtype=data.dtype).contiguous().numpy()
     bs = batch_sizes.numpy().astype(np.int64, copy=False)
+    if init is None:
+        s0 = np.empty((0, x.shape[1]), dtype=x.dtype)
+    else:
+        s0 = init.detach().to(device="cpu", dtype=data.dtype).contiguous().numpy()
     out = np.empty_like(x)
-    _ema_rows_compiled(x, bs, a, out)
+    _ema_rows_compiled(x, bs, a, s0, out)
     return torch.from_numpy(out)
 
 
-def ema_packed_torch(data: Tensor, batch_sizes: Tensor, alpha: Tensor) -> Tensor:
+def ema_packed_torch(
+    data: Tensor, batch_sizes: Tensor, alpha: Tensor, init: Tensor | None = None
+) -> Tensor:
     """Exponential smoothing of packed rows with one vectorised update per step.
 
-    Works on any device and supports autograd; ``batch_sizes`` stays on the CPU as
-    PackedSequence requires, and is only read as Python ints.
+    Works on any device and supports autograd (through ``init`` too); ``batch_sizes`` stays on
+    the CPU as PackedSequence requires, and is only read as Python ints.
     """
     sizes: list[int] = batch_sizes.tolist()
     one_minus = 1 - alpha
-    steps = [data[: sizes[0]]]
+    first = data[: sizes[0]]
+    steps = [first if init is None else alpha * init + one_minus * first]
     off = sizes[0]
     for b in sizes[1:]:
         s = alpha * steps[-1][:b] + one_minus * data[off : off + b]
         steps.append(s)
         off += b
     return torch.cat(steps, dim=0)
+
+
+def last_step_rows(batch_sizes: Tensor) -> Tensor:
+    """Packed row of each sorted sequence's last step: ``offset[L_j - 1] + j``, int64 on the CPU.
+
+    ``L_j = #{t : batch_sizes[t] > j}`` and ``offset`` is the exclusive cumsum of batch_sizes.
+    """
+    bs = batch_sizes.to(device="cpu", dtype=torch.int64)
+    seq = torch.arange(int(bs[0]))
+    offsets = torch.cumsum(bs, 0) - bs
+    # batch_sizes is non-increasing, so reversed it is sorted: count the steps with bs[t] <= j
+    lengths = bs.numel() - torch.searchsorted(bs.flip(0), seq, right=True)
+    return offsets[lengths - 1] + seq

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch.nn.utils.rnn import PackedSequence, pack_sequence
 
 import models
-from models.kernels import ema_packed_numba, ema_packed_torch
+from models.kernels import ema_packed_numba, ema_packed_torch, last_step_rows
 from models.packing import pack, unpack
 from models.smoothing import LinearRecursion
 from tests.references import smoother_reference
@@ -101,6 +101,31 @@ def test_numba_and_torch_kernels_agree_in_float64() -> None:
     a = ema_packed_numba(packed.data, packed.batch_sizes, alpha)
     b = ema_packed_torch(packed.data, packed.batch_sizes, alpha)
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_numba_and_torch_kernels_agree_with_an_initial_state() -> None:
+    rng = np.random.default_rng(4)
+    packed = pack([torch.from_numpy(rng.standard_normal((n, 3))) for n in (4, 11, 1)])
+    alpha = torch.rand(3, dtype=torch.float64)
+    init = torch.randn(3, 3, dtype=torch.float64)
+    a = ema_packed_numba(packed.data, packed.batch_sizes, alpha, init)
+    b = ema_packed_torch(packed.data, packed.batch_sizes, alpha, init)
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # the first rows are s_0 = alpha * init + (1 - alpha) * x_0 (sorted order)
+    torch.testing.assert_close(a[:3], alpha * init + (1 - alpha) * packed.data[:3])
+
+
+def test_last_step_rows_point_at_each_sequence_end() -> None:
+    lengths = [4, 11, 1, 7, 11]
+    packed = pack([torch.full((n, 1), float(i)) for i, n in enumerate(lengths)])
+    rows = last_step_rows(packed.batch_sizes)
+    assert packed.sorted_indices is not None
+    # row r holds sequence sorted_indices[j] at its last step: count the earlier steps' rows
+    assert packed.data[rows, 0].tolist() == [float(i) for i in packed.sorted_indices.tolist()]
+    sorted_lengths = [lengths[i] for i in packed.sorted_indices.tolist()]
+    offsets = np.concatenate([[0], np.cumsum(packed.batch_sizes.numpy())])
+    want = [int(offsets[n - 1]) + j for j, n in enumerate(sorted_lengths)]
+    assert rows.tolist() == want
 
 
 def test_gradients_flow_to_alpha_and_wx() -> None:

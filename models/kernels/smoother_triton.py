@@ -1,0 +1,652 @@
+"""The smoother as a chunked parallel scan in Triton, with the ``tanh(wx * s)`` epilogue fused.
+
+Each step is an affine map of the state, ``s -> a_t * s + b_t`` with ``a_t = alpha`` and
+``b_t = (1 - alpha) * x_t`` (``a_0 = 0, b_0 = x_0`` without an initial state), so any run of
+steps composes to one such map, ``(a1, b1) then (a2, b2) = (a1 * a2, a2 * b1 + b2)``: the
+recursion is a scan, parallel in time as well as across sequences and features.
+
+Layout. Packed rows are time-major: the rows of step ``t`` are ``offset[t] + j`` for the
+``batch_sizes[t]`` sorted sequences ``j`` still active. With a flattened column
+``col = j * F + f`` the element ``(t, j, f)`` lives at ``offset[t] * F + col``, so for a block of
+columns each step is one contiguous span. A tile is ``[CHUNK steps, BLOCK columns]``; past a
+sequence's end a step is the identity map, so a chunk's summary carries a finished sequence's
+final state through unchanged.
+
+Forward (three launches; x is read twice, y written once):
+
+1. :func:`_fwd_chunk_summary`, grid ``(n_chunks, col_blocks)``: scan the tile with a zero
+   carry-in; keep the chunk's composed map ``(A_c, B_c)`` per column.
+2. :func:`_carry_scan`, grid ``(col_blocks,)``: scan the chunk maps per column, ``CARRY`` chunks
+   per loop trip, into ``carry[c]`` = the state before chunk ``c`` (``carry[0]`` = initial state,
+   ``carry[n_chunks]`` = each sequence's final state, also written to the ``final`` output).
+3. :func:`_fwd_replay`, same grid as 1: rescan the tile from its carry-in, write
+   ``y = tanh(wx * s)``.
+
+Backward (the same three-launch shape, in reverse time): the adjoint ``lam_t = dL/ds_t`` obeys
+``lam_t = g_t + alpha * lam_{t+1}`` (``g_t`` the direct gradient through ``y_t``), a scan from
+the end. The backward tiles are read back to front (row ``i`` of a tile is step
+``t = chunk_end - 1 - i``) so that it is a *forward* ``tl.associative_scan`` too: Triton's
+``reverse=True`` with a non-commutative combine has had wrong results on GPUs
+(triton-lang/triton#4362, #8412), and the interpreter cannot show that. When a gradient is
+needed the forward replay also writes ``s`` (one more pass), so the backward needs no
+recomputation in time order. :func:`_bwd_chunk_summary` summarises each chunk's reverse map;
+:func:`_carry_scan` runs right to left; :func:`_bwd_replay` scans the adjoint from its right
+carry, writes ``dx`` and per-(chunk, column) partial sums for ``alpha`` and ``wx`` that torch
+reduces.
+
+Importing this module imports triton; :mod:`models.smoothing` does so lazily. Under
+``TRITON_INTERPRET=1`` the kernels run on CPU tensors (that is how CI tests them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["TilePlan", "plan_tiles", "smooth_packed_triton"]
+
+
+def _jit(fn: Callable[..., Any]) -> Any:
+    # triton ships no type information; this keeps mypy strict from flagging every kernel
+    return triton.jit(fn)
+
+
+# ---------------------------------------------------------------------------------------------
+# device code
+
+
+@_jit
+def _combine(a1: Any, b1: Any, a2: Any, b2: Any) -> Any:
+    # the map (a1, b1) followed by (a2, b2): s -> a2 * (a1 * s + b1) + b2
+    return a1 * a2, a2 * b1 + b2
+
+
+@_jit
+def _tanh(z: Any) -> Any:
+    # tanh from one exp of a non-positive argument (no overflow); libdevice has no interpreter path
+    e = tl.exp(-2.0 * tl.abs(z))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(z < 0, -t, t)
+
+
+@_jit
+def _load_tile(
+    ptr: Any, bs_ptr: Any, off_ptr: Any, t: Any, col: Any, n_steps: Any, n_feat: Any
+) -> Any:
+    # t: [CHUNK] steps (may run past either end); col: [BLOCK] flattened (sequence, feature)
+    in_range = (t >= 0) & (t < n_steps)
+    bs = tl.load(bs_ptr + t, mask=in_range, other=0)
+    off = tl.load(off_ptr + t, mask=in_range, other=0)
+    seq = col // n_feat
+    active = seq[None, :] < bs[:, None]  # [CHUNK, BLOCK]: (t, j) is a real packed row
+    addr = off[:, None] * n_feat + col[None, :]
+    v = tl.load(ptr + addr, mask=active, other=0.0)
+    return v, active, addr
+
+
+@_jit
+def _step_maps(x: Any, active: Any, alpha: Any, t: Any, HAS_INIT: tl.constexpr) -> Any:
+    # the affine map s -> a * s + b of each step; the identity where the sequence has ended
+    a = tl.where(active, alpha[None, :], 1.0)
+    b = tl.where(active, (1.0 - alpha)[None, :] * x, 0.0)
+    if not HAS_INIT:
+        first = (t == 0)[:, None]  # s_0 = x_0
+        a = tl.where(first, 0.0, a)
+        b = tl.where(first, x, b)
+    return a, b
+
+
+@_jit
+def _fwd_chunk_summary(
+    x_ptr: Any,
+    bs_ptr: Any,
+    off_ptr: Any,
+    alpha_ptr: Any,
+    sum_a_ptr: Any,
+    sum_b_ptr: Any,
+    n_steps: Any,
+    n_feat: Any,
+    n_cols: Any,
+    HAS_INIT: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+) -> None:
+    chunk = tl.program_id(0)
+    t = chunk * CHUNK + tl.arange(0, CHUNK)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = col < n_cols
+    alpha = tl.load(alpha_ptr + col % n_feat, mask=col_ok, other=0.0)
+    x, active, _ = _load_tile(x_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
+    a, b = _step_maps(x.to(alpha.dtype), active, alpha, t, HAS_INIT)
+    acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
+    last = (tl.arange(0, CHUNK) == CHUNK - 1)[:, None]
+    out = chunk.to(tl.int64) * n_cols + col
+    tl.store(sum_a_ptr + out, tl.sum(tl.where(last, acc_a, 0.0), 0), mask=col_ok)
+    tl.store(sum_b_ptr + out, tl.sum(tl.where(last, acc_b, 0.0), 0), mask=col_ok)
+
+
+@_jit
+def _carry_scan(
+    sum_a_ptr: Any,
+    sum_b_ptr: Any,
+    carry_ptr: Any,
+    init_ptr: Any,
+    final_ptr: Any,
+    n_chunks: Any,
+    n_cols: Any,
+    REVERSE: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    CARRY: tl.constexpr,
+    BLOCK: tl.constexpr,
+) -> None:
+    # carry: [n_chunks + 1, n_cols], what flows in at each chunk edge. Forward: carry[0] is the
+    # initial state (init, or zeros), carry[c + 1] the state after chunk c, and the last one is
+    # also written to final. Reverse: carry[n_chunks] = 0 (nothing after the end), carry[c] the
+    # adjoint at chunk c's first step. The chunk maps are composed in the scan's own order.
+    col = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = col < n_cols
+    dtype = carry_ptr.dtype.element_ty
+    if HAS_INIT:
+        carry = tl.load(init_ptr + col, mask=col_ok, other=0.0).to(dtype)
+    else:
+        carry = tl.zeros([BLOCK], dtype=dtype)
+    if REVERSE:
+        tl.store(carry_ptr + n_chunks * n_cols + col, carry, mask=col_ok)
+    else:
+        tl.store(carry_ptr + col, carry, mask=col_ok)
+    last = (tl.arange(0, CARRY) == CARRY - 1)[:, None]
+    for k in range(0, n_chunks, CARRY):
+        i = k + tl.arange(0, CARRY)
+        if REVERSE:
+            c = n_chunks - 1 - i
+            dst = c
+        else:
+            c = i
+            dst = c + 1
+        ok = (i < n_chunks)[:, None] & col_ok[None, :]
+        src = c.to(tl.int64)[:, None] * n_cols + col[None, :]
+        a = tl.load(sum_a_ptr + src, mask=ok, other=1.0)
+        b = tl.load(sum_b_ptr + src, mask=ok, other=0.0)
+        acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
+        state = acc_a * carry[None, :] + acc_b
+        tl.store(carry_ptr + dst.to(tl.int64)[:, None] * n_cols + col[None, :], state, mask=ok)
+        carry = tl.sum(tl.where(last, state, 0.0), 0)  # masked rows are identities
+    if not REVERSE:
+        tl.store(final_ptr + col, carry, mask=col_ok)
+
+
+@_jit
+def _fwd_replay(
+    x_ptr: Any,
+    bs_ptr: Any,
+    off_ptr: Any,
+    alpha_ptr: Any,
+    wx_ptr: Any,
+    carry_ptr: Any,
+    y_ptr: Any,
+    s_ptr: Any,
+    n_steps: Any,
+    n_feat: Any,
+    n_cols: Any,
+    HAS_INIT: tl.constexpr,
+    STORE_S: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+) -> None:
+    chunk = tl.program_id(0)
+    t = chunk * CHUNK + tl.arange(0, CHUNK)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = col < n_cols
+    feat = col % n_feat
+    alpha = tl.load(alpha_ptr + feat, mask=col_ok, other=0.0)
+    wx = tl.load(wx_ptr + feat, mask=col_ok, other=0.0)
+    carry_in = tl.load(carry_ptr + chunk.to(tl.int64) * n_cols + col, mask=col_ok, other=0.0)
+    x, active, addr = _load_tile(x_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
+    a, b = _step_maps(x.to(alpha.dtype), active, alpha, t, HAS_INIT)
+    acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
+    s = acc_a * carry_in[None, :] + acc_b
+    tl.store(y_ptr + addr, _tanh(wx[None, :] * s), mask=active)
+    if STORE_S:  # for the backward pass
+        tl.store(s_ptr + addr, s, mask=active)
+
+
+@_jit
+def _adjoint_maps(
+    s_ptr: Any,
+    gy_ptr: Any,
+    gfin_ptr: Any,
+    bs_ptr: Any,
+    off_ptr: Any,
+    t: Any,
+    col: Any,
+    col_ok: Any,
+    alpha: Any,
+    wx: Any,
+    n_steps: Any,
+    n_feat: Any,
+    HAS_GFIN: tl.constexpr,
+) -> Any:
+    # The maps lam_t = ar_t * lam_{t+1} + g_t of the steps t (any order), and what the
+    # parameter gradients need: s_t, dL/d(wx * s_t), where (t, j) is a real row, its address.
+    s, active, addr = _load_tile(s_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
+    y = _tanh(wx[None, :] * s)
+    gy = tl.load(gy_ptr + addr, mask=active, other=0.0).to(s.dtype)
+    gy_pre = gy * (1.0 - y * y)
+    g = tl.where(active, gy_pre * wx[None, :], 0.0)
+    bs_next = tl.load(bs_ptr + t + 1, mask=(t >= 0) & (t + 1 < n_steps), other=0)
+    goes_on = (col // n_feat)[None, :] < bs_next[:, None]  # the sequence has a step t + 1
+    if HAS_GFIN:  # the final state's gradient enters at each sequence's last step
+        gfin = tl.load(gfin_ptr + col, mask=col_ok, other=0.0).to(s.dtype)
+        g += tl.where(active & (goes_on == 0), gfin[None, :], 0.0)
+    ar = tl.where(goes_on, alpha[None, :], 0.0)
+    return ar, g, s, gy_pre, active, addr
+
+
+@_jit
+def _bwd_chunk_summary(
+    s_ptr: Any,
+    gy_ptr: Any,
+    gfin_ptr: Any,
+    bs_ptr: Any,
+    off_ptr: Any,
+    alpha_ptr: Any,
+    wx_ptr: Any,
+    sum_a_ptr: Any,
+    sum_b_ptr: Any,
+    n_steps: Any,
+    n_feat: Any,
+    n_cols: Any,
+    HAS_GFIN: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+) -> None:
+    chunk = tl.program_id(0)
+    t = chunk * CHUNK + (CHUNK - 1 - tl.arange(0, CHUNK))  # back to front
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = col < n_cols
+    feat = col % n_feat
+    alpha = tl.load(alpha_ptr + feat, mask=col_ok, other=0.0)
+    wx = tl.load(wx_ptr + feat, mask=col_ok, other=0.0)
+    ar, g, _, _, _, _ = _adjoint_maps(
+        s_ptr,
+        gy_ptr,
+        gfin_ptr,
+        bs_ptr,
+        off_ptr,
+        t,
+        col,
+        col_ok,
+        alpha,
+        wx,
+        n_steps,
+        n_feat,
+        HAS_GFIN,
+    )
+    acc_a, acc_b = tl.associative_scan((ar, g), 0, _combine)
+    last = (tl.arange(0, CHUNK) == CHUNK - 1)[:, None]  # the chunk's first step
+    out = chunk.to(tl.int64) * n_cols + col
+    tl.store(sum_a_ptr + out, tl.sum(tl.where(last, acc_a, 0.0), 0), mask=col_ok)
+    tl.store(sum_b_ptr + out, tl.sum(tl.where(last, acc_b, 0.0), 0), mask=col_ok)
+
+
+@_jit
+def _bwd_replay(
+    x_ptr: Any,
+    s_ptr: Any,
+    init_ptr: Any,
+    gy_ptr: Any,
+    gfin_ptr: Any,
+    bs_ptr: Any,
+    off_ptr: Any,
+    alpha_ptr: Any,
+    wx_ptr: Any,
+    rcarry_ptr: Any,
+    dx_ptr: Any,
+    dalpha_ptr: Any,
+    dwx_ptr: Any,
+    n_steps: Any,
+    n_feat: Any,
+    n_cols: Any,
+    HAS_INIT: tl.constexpr,
+    HAS_GFIN: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+) -> None:
+    chunk = tl.program_id(0)
+    t = chunk * CHUNK + (CHUNK - 1 - tl.arange(0, CHUNK))  # back to front
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = col < n_cols
+    feat = col % n_feat
+    alpha = tl.load(alpha_ptr + feat, mask=col_ok, other=0.0)
+    wx = tl.load(wx_ptr + feat, mask=col_ok, other=0.0)
+    ar, g, s, gy_pre, active, addr = _adjoint_maps(
+        s_ptr,
+        gy_ptr,
+        gfin_ptr,
+        bs_ptr,
+        off_ptr,
+        t,
+        col,
+        col_ok,
+        alpha,
+        wx,
+        n_steps,
+        n_feat,
+        HAS_GFIN,
+    )
+    acc_a, acc_b = tl.associative_scan((ar, g), 0, _combine)
+    lam_right = tl.load(
+        rcarry_ptr + (chunk.to(tl.int64) + 1) * n_cols + col, mask=col_ok, other=0.0
+    )
+    lam = acc_a * lam_right[None, :] + acc_b  # dL/ds_t
+    x = tl.load(x_ptr + addr, mask=active, other=0.0).to(s.dtype)
+    # ds_t/dx_t = 1 - alpha (1 at s_0 = x_0); ds_t/dalpha = s_{t-1} - x_t where a_t = alpha
+    s_prev, _, _ = _load_tile(s_ptr, bs_ptr, off_ptr, t - 1, col, n_steps, n_feat)
+    at_start = (t == 0)[:, None]
+    dx = lam * (1.0 - alpha)[None, :]
+    if HAS_INIT:  # s_{-1} is the initial state
+        init = tl.load(init_ptr + col, mask=col_ok, other=0.0).to(s.dtype)
+        s_prev = tl.where(at_start, init[None, :], s_prev)
+        uses_alpha = active
+    else:
+        dx = tl.where(at_start, lam, dx)
+        uses_alpha = active & (at_start == 0)
+    tl.store(dx_ptr + addr, dx, mask=active)
+    out = chunk.to(tl.int64) * n_cols + col
+    dalpha = tl.sum(tl.where(uses_alpha, lam * (s_prev - x), 0.0), 0)
+    tl.store(dalpha_ptr + out, dalpha, mask=col_ok)
+    tl.store(dwx_ptr + out, tl.sum(tl.where(active, gy_pre * s, 0.0), 0), mask=col_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# host code
+
+
+_MIN_PROGRAMS = 1024  # about 8 per SM on an H200 (132 SMs)
+_CARRY_TILE = 8192  # chunk summaries per trip of the carry scan, × columns
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """Tile sizes for one packed batch: ``CHUNK`` steps × ``BLOCK`` flattened columns per
+    program, and ``CARRY`` chunks per trip of the carry scan (over ``carry_block`` columns)."""
+
+    n_steps: int
+    n_seqs: int
+    n_feat: int
+    chunk: int
+    block: int
+    carry: int
+    carry_block: int
+
+    @property
+    def n_cols(self) -> int:
+        return self.n_seqs * self.n_feat
+
+    @property
+    def n_chunks(self) -> int:
+        return triton.cdiv(self.n_steps, self.chunk)  # type: ignore[no-any-return]
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return (self.n_chunks, triton.cdiv(self.n_cols, self.block))
+
+    @property
+    def carry_grid(self) -> tuple[int]:
+        return (triton.cdiv(self.n_cols, self.carry_block),)
+
+    @property
+    def warps(self) -> int:
+        # 16 elements per thread at 4096 (the scans keep several live values per element)
+        return min(8, max(2, self.chunk * self.block // 512))
+
+    @property
+    def carry_warps(self) -> int:
+        return 8 if self.carry * self.carry_block > 4096 else 4
+
+
+def plan_tiles(
+    n_steps: int,
+    n_seqs: int,
+    n_feat: int,
+    *,
+    chunk: int | None = None,
+    block: int | None = None,
+    carry: int | None = None,
+) -> TilePlan:
+    """Pick tile sizes (powers of two); explicit sizes are for tests.
+
+    At most 4096 elements per tile (16 KiB of fp32, 16 per thread at 8 warps). Columns first,
+    up to 128 (512 contiguous bytes per step at F = 16); then the chunk is shortened, down to
+    32 steps, until the grid has about ``_MIN_PROGRAMS`` programs: a wide batch gets many
+    column blocks, a single long sequence many time chunks, and either fills the GPU.
+    """
+    n_cols = n_seqs * n_feat
+    block = block or min(128, max(16, _pow2(n_cols)))
+    if chunk is None:
+        chunk = min(256, max(16, 4096 // block), max(16, _pow2(n_steps)))
+        col_blocks = triton.cdiv(n_cols, block)
+        while chunk > 32 and triton.cdiv(n_steps, chunk) * col_blocks < _MIN_PROGRAMS:
+            chunk //= 2
+    n_chunks = triton.cdiv(n_steps, chunk)
+    carry_block = min(block, 32)
+    carry = carry or min(max(16, _pow2(n_chunks)), _CARRY_TILE // carry_block)
+    for name, v in (("chunk", chunk), ("block", block), ("carry", carry)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    return TilePlan(n_steps, n_seqs, n_feat, chunk, block, carry, carry_block)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _SmootherFn(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        data: Tensor,
+        alpha: Tensor,
+        wx: Tensor,
+        init: Tensor | None,
+        bs: Tensor,
+        off: Tensor,
+        plan: TilePlan,
+    ) -> tuple[Tensor, Tensor]:
+        cdt = _compute_dtype(data.dtype)
+        x = data.contiguous()
+        alpha_c = alpha.detach().to(device=x.device, dtype=cdt).contiguous()
+        wx_c = wx.detach().to(device=x.device, dtype=cdt).contiguous()
+        n_chunks, n_cols = plan.n_chunks, plan.n_cols
+        init_c = None if init is None else init.detach().contiguous()
+        carry = torch.empty((n_chunks + 1, n_cols), dtype=cdt, device=x.device)
+        final = torch.empty((plan.n_seqs, plan.n_feat), dtype=data.dtype, device=x.device)
+        sum_a = torch.empty((n_chunks, n_cols), dtype=cdt, device=x.device)
+        sum_b = torch.empty_like(sum_a)
+        y = torch.empty_like(x)
+        has_init = init is not None
+        common = (plan.n_steps, plan.n_feat, n_cols)
+        _fwd_chunk_summary[plan.grid](
+            x,
+            bs,
+            off,
+            alpha_c,
+            sum_a,
+            sum_b,
+            *common,
+            HAS_INIT=has_init,
+            CHUNK=plan.chunk,
+            BLOCK=plan.block,
+            num_warps=plan.warps,
+        )
+        _carry_scan[plan.carry_grid](
+            sum_a,
+            sum_b,
+            carry,
+            carry if init_c is None else init_c,
+            final,
+            n_chunks,
+            n_cols,
+            REVERSE=False,
+            HAS_INIT=has_init,
+            CARRY=plan.carry,
+            BLOCK=plan.carry_block,
+            num_warps=plan.carry_warps,
+        )
+        needs_grad = any(ctx.needs_input_grad[:4])
+        # s is kept for the backward pass only; without one, y stands in as the unused pointer
+        s = torch.empty(x.shape, dtype=cdt, device=x.device) if needs_grad else y
+        _fwd_replay[plan.grid](
+            x,
+            bs,
+            off,
+            alpha_c,
+            wx_c,
+            carry,
+            y,
+            s,
+            *common,
+            HAS_INIT=has_init,
+            STORE_S=needs_grad,
+            CHUNK=plan.chunk,
+            BLOCK=plan.block,
+            num_warps=plan.warps,
+        )
+        # the initial state is s_{-1} for the alpha gradient (y stands in when there is none)
+        ctx.save_for_backward(x, s, y if init_c is None else init_c, alpha_c, wx_c, bs, off)
+        ctx.plan = plan
+        ctx.has_init = has_init
+        ctx.dtypes = (data.dtype, alpha.dtype, wx.dtype, None if init is None else init.dtype)
+        ctx.set_materialize_grads(False)
+        return y, final
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_y: Tensor | None, grad_final: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        x, s, init, alpha_c, wx_c, bs, off = ctx.saved_tensors
+        plan: TilePlan = ctx.plan
+        n_chunks, n_cols = plan.n_chunks, plan.n_cols
+        cdt = alpha_c.dtype
+        gy = torch.zeros_like(x) if grad_y is None else grad_y.contiguous()
+        has_gfin = grad_final is not None
+        gfin = grad_final.contiguous() if grad_final is not None else x  # unused if absent
+        rcarry = torch.empty((n_chunks + 1, n_cols), dtype=cdt, device=x.device)
+        sum_a = torch.empty((n_chunks, n_cols), dtype=cdt, device=x.device)
+        sum_b = torch.empty_like(sum_a)
+        common = (plan.n_steps, plan.n_feat, n_cols)
+        _bwd_chunk_summary[plan.grid](
+            s,
+            gy,
+            gfin,
+            bs,
+            off,
+            alpha_c,
+            wx_c,
+            sum_a,
+            sum_b,
+            *common,
+            HAS_GFIN=has_gfin,
+            CHUNK=plan.chunk,
+            BLOCK=plan.block,
+            num_warps=plan.warps,
+        )
+        _carry_scan[plan.carry_grid](
+            sum_a,
+            sum_b,
+            rcarry,
+            rcarry,
+            rcarry,
+            n_chunks,
+            n_cols,
+            REVERSE=True,
+            HAS_INIT=False,
+            CARRY=plan.carry,
+            BLOCK=plan.carry_block,
+            num_warps=plan.carry_warps,
+        )
+        dx = torch.empty_like(x)
+        dalpha_part, dwx_part = sum_a, sum_b  # the summaries are spent: reuse them
+        _bwd_replay[plan.grid](
+            x,
+            s,
+            init,
+            gy,
+            gfin,
+            bs,
+            off,
+            alpha_c,
+            wx_c,
+            rcarry,
+            dx,
+            dalpha_part,
+            dwx_part,
+            *common,
+            HAS_INIT=ctx.has_init,
+            HAS_GFIN=has_gfin,
+            CHUNK=plan.chunk,
+            BLOCK=plan.block,
+            num_warps=plan.warps,
+        )
+        x_dt, alpha_dt, wx_dt, init_dt = ctx.dtypes
+        per_feat = (n_chunks * plan.n_seqs, plan.n_feat)
+        dalpha = dalpha_part.view(per_feat).sum(0).to(alpha_dt)
+        dwx = dwx_part.view(per_feat).sum(0).to(wx_dt)
+        dinit = None
+        if ctx.has_init:  # s_0 = alpha * init + ...: dL/dinit = alpha * lam_0
+            dinit = (alpha_c * rcarry[0].view(plan.n_seqs, plan.n_feat)).to(init_dt)
+        return dx.to(x_dt), dalpha, dwx, dinit, None, None, None
+
+
+def smooth_packed_triton(
+    data: Tensor,
+    batch_sizes: Tensor,
+    alpha: Tensor,
+    wx: Tensor,
+    init: Tensor | None = None,
+    *,
+    chunk: int | None = None,
+    block: int | None = None,
+    carry: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``y = tanh(wx * s)`` over packed rows, and each sequence's final state ``s``.
+
+    ``data``: [N, F] packed rows (CUDA, or CPU under ``TRITON_INTERPRET=1``); ``batch_sizes``:
+    the PackedSequence's (CPU) step sizes; ``init``: [B, F] state before step 0 in *sorted*
+    order, or None for ``s_0 = x_0``. Returns ``y`` [N, F] and the final state [B, F] (sorted
+    order). Differentiable in ``data``, ``alpha``, ``wx`` and ``init``.
+    """
+    if data.device.type == "cpu" and not _interpreting():
+        raise RuntimeError(
+            "the triton smoother needs CUDA tensors (or TRITON_INTERPRET=1 to test on the CPU)"
+        )
+    if data.dim() != 2:
+        raise ValueError(f"expected packed data [N, F], got {list(data.shape)}")
+    n_feat = data.shape[1]
+    sizes = batch_sizes.to(device="cpu", dtype=torch.int64)
+    n_seqs = int(sizes[0]) if sizes.numel() else 0
+    if init is not None and tuple(init.shape) != (n_seqs, n_feat):
+        raise ValueError(f"expected a state of shape [{n_seqs}, {n_feat}], got {list(init.shape)}")
+    if data.shape[0] == 0 or n_feat == 0:
+        return torch.tanh(wx * data), data.new_zeros((n_seqs, n_feat))
+    plan = plan_tiles(sizes.numel(), n_seqs, n_feat, chunk=chunk, block=block, carry=carry)
+    # one host-to-device copy for both batch_sizes and the row offsets (exclusive cumsum)
+    meta = torch.stack([sizes, torch.cumsum(sizes, 0) - sizes]).to(data.device, non_blocking=True)
+    bs, off = meta[0], meta[1]
+    y, final = _SmootherFn.apply(data, alpha, wx, init, bs, off, plan)
+    return y, final

@@ -1,0 +1,141 @@
+"""The Triton smoother on CUDA against the CPU path, on realistic shapes (skipped without CUDA).
+
+Lengths are spread over T/2..T as in the benchmarks. Forward and final state are compared with
+the numba kernel, gradients with autograd through the torch step loop (float64 on the CPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import PackedSequence
+
+from models.kernels import ema_packed_numba, ema_packed_torch, last_step_rows
+from models.packing import pack
+from models.smoothing import LinearRecursion
+
+triton_mod = pytest.importorskip("models.kernels.smoother_triton")
+smooth_packed_triton = triton_mod.smooth_packed_triton
+plan_tiles = triton_mod.plan_tiles
+
+CUDA = torch.device("cuda")
+SHAPES = [(64, 1000, 16), (256, 4000, 16), (1, 100_000, 16), (1000, 50, 16), (3, 777, 5)]
+
+
+def batch(n_seqs: int, n_steps: int, feat: int, seed: int, dtype: torch.dtype) -> PackedSequence:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(max(1, n_steps // 2), n_steps + 1, (n_seqs,), generator=gen)
+    lengths[0] = n_steps
+    return pack([torch.randn(int(n), feat, generator=gen, dtype=dtype) for n in lengths])
+
+
+def params(feat: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(feat)
+    alpha = 0.05 + 0.9 * torch.rand(feat, generator=gen, dtype=dtype)
+    return alpha, 0.2 + 1.5 * torch.rand(feat, generator=gen, dtype=dtype)
+
+
+def cpu_forward(
+    packed: PackedSequence, alpha: Tensor, wx: Tensor, init: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    s = ema_packed_numba(packed.data, packed.batch_sizes, alpha, init)
+    return torch.tanh(wx * s), s[last_step_rows(packed.batch_sizes)]
+
+
+@pytest.mark.parametrize(("n_seqs", "n_steps", "feat"), SHAPES)
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+def test_forward_and_state_equal_the_cpu_path(
+    n_seqs: int, n_steps: int, feat: int, with_state: bool
+) -> None:
+    packed = batch(n_seqs, n_steps, feat, seed=n_steps, dtype=torch.float32)
+    alpha, wx = params(feat, torch.float32)
+    init = torch.randn(n_seqs, feat) if with_state else None
+    y, final = smooth_packed_triton(
+        packed.data.to(CUDA),
+        packed.batch_sizes,
+        alpha.to(CUDA),
+        wx.to(CUDA),
+        None if init is None else init.to(CUDA),
+    )
+    want_y, want_final = cpu_forward(packed, alpha, wx, init)
+    torch.testing.assert_close(y.cpu(), want_y, atol=1e-5, rtol=0)
+    torch.testing.assert_close(final.cpu(), want_final, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("n_seqs", "n_steps", "feat"), [(64, 1000, 16), (1, 100_000, 16)])
+def test_float64_on_cuda_is_tight(n_seqs: int, n_steps: int, feat: int) -> None:
+    packed = batch(n_seqs, n_steps, feat, seed=1, dtype=torch.float64)
+    alpha, wx = params(feat, torch.float64)
+    y, final = smooth_packed_triton(
+        packed.data.to(CUDA), packed.batch_sizes, alpha.to(CUDA), wx.to(CUDA)
+    )
+    want_y, want_final = cpu_forward(packed, alpha, wx, None)
+    torch.testing.assert_close(y.cpu(), want_y, atol=1e-12, rtol=0)
+    torch.testing.assert_close(final.cpu(), want_final, atol=1e-12, rtol=0)
+
+
+def test_lengths_on_and_beside_the_default_chunk_edges() -> None:
+    feat = 16
+    chunk = plan_tiles(8 * 64, 24, feat).chunk
+    lengths = [k * chunk + d for k in (1, 2, 7) for d in (-1, 0, 1)] + [1, 2, 8 * 64]
+    gen = torch.Generator().manual_seed(3)
+    packed = pack([torch.randn(n, feat, generator=gen) for n in lengths])
+    alpha, wx = params(feat, torch.float32)
+    y, final = smooth_packed_triton(
+        packed.data.to(CUDA), packed.batch_sizes, alpha.to(CUDA), wx.to(CUDA)
+    )
+    want_y, want_final = cpu_forward(packed, alpha, wx, None)
+    torch.testing.assert_close(y.cpu(), want_y, atol=1e-5, rtol=0)
+    torch.testing.assert_close(final.cpu(), want_final, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("n_seqs", "n_steps"), [(32, 500), (1, 3000)])
+def test_backward_equals_autograd_through_the_cpu_loop(
+    dtype: torch.dtype, n_seqs: int, n_steps: int
+) -> None:
+    feat = 16
+    packed = batch(n_seqs, n_steps, feat, seed=5, dtype=torch.float64)
+    alpha, wx = params(feat, torch.float64)
+    init = torch.randn(n_seqs, feat, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(6)
+    g_y = torch.randn(packed.data.shape, generator=gen, dtype=torch.float64)
+    g_fin = torch.randn(n_seqs, feat, generator=gen, dtype=torch.float64)
+
+    def grads(device: torch.device, dt: torch.dtype, triton: bool) -> list[Tensor]:
+        leaves = [t.to(device, dt).requires_grad_() for t in (packed.data, alpha, wx, init)]
+        x, a, w, s0 = leaves
+        if triton:
+            y, final = smooth_packed_triton(x, packed.batch_sizes, a, w, s0)
+        else:
+            s = ema_packed_torch(x, packed.batch_sizes, a, s0)
+            y, final = torch.tanh(w * s), s[last_step_rows(packed.batch_sizes)]
+        loss = (y * g_y.to(device, dt)).sum() + (final * g_fin.to(device, dt)).sum()
+        return [g.double().cpu() for g in torch.autograd.grad(loss, leaves)]
+
+    want = grads(torch.device("cpu"), torch.float64, triton=False)
+    got = grads(CUDA, dtype, triton=True)
+    tol = 1e-9 if dtype == torch.float64 else 1e-4
+    for name, g, w in zip(("x", "alpha", "wx", "init"), got, want, strict=True):
+        scale = w.abs().max().clamp_min(1.0)
+        assert (g - w).abs().max() <= tol * scale, name
+
+
+def test_model_on_cuda_picks_triton_and_keeps_state_order() -> None:
+    model = LinearRecursion(16)
+    alpha, wx = params(16, torch.float32)
+    with torch.no_grad():
+        model.alpha_smooth.copy_(alpha)
+        model.wx.copy_(wx)
+    packed = batch(40, 300, 16, seed=8, dtype=torch.float32)
+    state = torch.randn(40, 16)
+    cpu_model = LinearRecursion(16)
+    cpu_model.load_state_dict(model.state_dict())
+    gpu_model = model.to(CUDA)
+    assert gpu_model._pick_kernel(packed.data.to(CUDA), None) == "triton"
+    with torch.inference_mode():
+        out, final = gpu_model.forward_with_state(packed.to(CUDA), state.to(CUDA))  # type: ignore[arg-type]
+        want, want_final = cpu_model.forward_with_state(packed, state)
+    torch.testing.assert_close(out.data.cpu(), want.data, atol=1e-5, rtol=0)
+    torch.testing.assert_close(final.cpu(), want_final, atol=1e-5, rtol=0)

@@ -1,0 +1,379 @@
+"""The Triton smoother (chunked scan) against an fp64 loop, under TRITON_INTERPRET=1 on the CPU.
+
+Shapes are small and chunks short (4 steps) so that sequences cross chunk edges and the carry
+scan loops several times, while the interpreter (which runs each program in Python) stays fast.
+Also: initial and final state for every kernel, and the backward pass (gradcheck in float64).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor
+from torch.nn.utils.rnn import PackedSequence
+
+import models.smoothing
+from models.packing import pack, unpack
+from models.smoothing import LinearRecursion
+
+triton_mod = pytest.importorskip("models.kernels.smoother_triton")
+plan_tiles = triton_mod.plan_tiles
+smooth_packed_triton = triton_mod.smooth_packed_triton
+
+ON_CPU = not torch.cuda.is_available()
+DEVICE = "cpu" if ON_CPU else "cuda"
+KERNELS = ["numba", "torch", "triton"]
+SMALL = {"chunk": 4, "block": 8, "carry": 2}  # many chunks, several carry-scan trips
+
+
+@pytest.fixture
+def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the model's triton path use SMALL tiles too (its own plan would be one chunk here)."""
+    default = triton_mod.plan_tiles
+
+    def small(n_steps: int, n_seqs: int, n_feat: int, **_: Any) -> Any:
+        return default(n_steps, n_seqs, n_feat, **SMALL)
+
+    monkeypatch.setattr(triton_mod, "plan_tiles", small)
+
+
+def loop_reference(
+    seqs: list[np.ndarray], alpha: np.ndarray, wx: np.ndarray, init: np.ndarray | None = None
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """fp64 step loop: outputs ``tanh(wx * s)`` per sequence and the final states [B, F]."""
+    a, w = alpha.astype(np.float64), wx.astype(np.float64)
+    ys, finals = [], []
+    for i, x in enumerate(seqs):
+        x = x.astype(np.float64)
+        s = x[0] if init is None else a * init[i] + (1 - a) * x[0]
+        out = [s]
+        for t in range(1, len(x)):
+            s = a * s + (1 - a) * x[t]
+            out.append(s)
+        ys.append(np.tanh(w * np.stack(out)))
+        finals.append(s)
+    return ys, np.stack(finals)
+
+
+def random_seqs(
+    lengths: list[int], feat: int, seed: int, dtype: torch.dtype = torch.float32
+) -> list[Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, feat, generator=gen, dtype=dtype) for n in lengths]
+
+
+def random_params(
+    feat: int, seed: int, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed + 1)
+    alpha = 0.05 + 0.9 * torch.rand(feat, generator=gen, dtype=dtype)
+    wx = 0.2 + 1.5 * torch.rand(feat, generator=gen, dtype=dtype)
+    return alpha, wx
+
+
+def run_triton(
+    seqs: list[Tensor],
+    alpha: Tensor,
+    wx: Tensor,
+    init: Tensor | None = None,
+    **tiles: int,
+) -> tuple[list[Tensor], Tensor]:
+    """Pack, smooth with the triton kernel, unpack; ``init``/final state in original order."""
+    packed = pack(seqs, DEVICE)
+    init_sorted = None if init is None else init.to(DEVICE)[packed.sorted_indices]
+    y, final = smooth_packed_triton(
+        packed.data, packed.batch_sizes, alpha.to(DEVICE), wx.to(DEVICE), init_sorted, **tiles
+    )
+    out = PackedSequence(y, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices)
+    return [o.cpu() for o in unpack(out)], final[packed.unsorted_indices].cpu()
+
+
+def make_model(feat: int, kernel: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:
+    model = LinearRecursion(feat).to(dtype)
+    alpha, wx = random_params(feat, seed, dtype)
+    with torch.no_grad():
+        model.alpha_smooth.copy_(alpha)
+        model.wx.copy_(wx)
+    model.kernel = kernel
+    return model.to(DEVICE) if kernel == "triton" else model
+
+
+def assert_matches(
+    got: list[Tensor], want: list[np.ndarray], atol: float, final: Tensor, want_final: np.ndarray
+) -> None:
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.double().numpy(), w, atol=atol, rtol=0)
+    np.testing.assert_allclose(final.double().numpy(), want_final, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+def test_forward_matches_fp64_loop(dtype: torch.dtype, atol: float, with_state: bool) -> None:
+    lengths = [9, 1, 13, 4, 8, 5, 2]
+    seqs = random_seqs(lengths, 3, seed=1, dtype=dtype)
+    alpha, wx = random_params(3, 1, dtype)
+    init = torch.randn(len(lengths), 3, dtype=dtype) if with_state else None
+    got, final = run_triton(seqs, alpha, wx, init, **SMALL)
+    want, want_final = loop_reference(
+        [s.numpy() for s in seqs],
+        alpha.numpy(),
+        wx.numpy(),
+        None if init is None else init.double().numpy(),
+    )
+    assert_matches(got, want, atol, final, want_final)
+
+
+@pytest.mark.parametrize("length", [1, 3, 4, 5, 8, 9, 16, 17, 33])
+def test_single_sequence_across_chunk_edges(length: int) -> None:
+    # chunk = 4: lengths that end exactly on a chunk edge and one step either side of one
+    seqs = random_seqs([length], 2, seed=length, dtype=torch.float64)
+    alpha, wx = random_params(2, 2, torch.float64)
+    got, final = run_triton(seqs, alpha, wx, **SMALL)
+    want, want_final = loop_reference([seqs[0].numpy()], alpha.numpy(), wx.numpy())
+    assert_matches(got, want, 1e-12, final, want_final)
+
+
+def test_ragged_batch_ending_on_and_beside_chunk_edges() -> None:
+    lengths = [3, 4, 5, 7, 8, 9, 12, 13, 16, 17]  # chunk = 4
+    seqs = random_seqs(lengths, 2, seed=5)
+    alpha, wx = random_params(2, 5)
+    init = torch.randn(len(lengths), 2)
+    got, final = run_triton(seqs, alpha, wx, init, chunk=4, block=4, carry=2)
+    want, want_final = loop_reference(
+        [s.numpy() for s in seqs], alpha.numpy(), wx.numpy(), init.numpy()
+    )
+    assert_matches(got, want, 1e-5, final, want_final)
+
+
+def test_long_single_sequence_with_the_default_plan() -> None:
+    # B = 1: the default plan splits time into chunks (here 3 of 32 steps)
+    seqs = random_seqs([70], 1, seed=9, dtype=torch.float64)
+    alpha, wx = random_params(1, 9, torch.float64)
+    assert plan_tiles(70, 1, 1).n_chunks == 3
+    got, final = run_triton(seqs, alpha, wx)
+    want, want_final = loop_reference([seqs[0].numpy()], alpha.numpy(), wx.numpy())
+    assert_matches(got, want, 1e-12, final, want_final)
+
+
+def test_each_output_independent_of_batch_mates() -> None:
+    lengths = [6, 11, 3, 9]
+    seqs = random_seqs(lengths, 3, seed=3)
+    alpha, wx = random_params(3, 3)
+    together, _ = run_triton(seqs, alpha, wx, **SMALL)
+    for seq, y in zip(seqs, together, strict=True):
+        alone, _ = run_triton([seq], alpha, wx, **SMALL)
+        torch.testing.assert_close(y, alone[0], atol=1e-6, rtol=0)
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=6),
+    feat=st.integers(1, 3),
+    chunk=st.sampled_from([2, 4, 8]),
+    with_state=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_random_batches_match_the_loop(
+    lengths: list[int], feat: int, chunk: int, with_state: bool, seed: int
+) -> None:
+    seqs = random_seqs(lengths, feat, seed, torch.float64)
+    alpha, wx = random_params(feat, seed, torch.float64)
+    init = torch.randn(len(lengths), feat, dtype=torch.float64) if with_state else None
+    got, final = run_triton(seqs, alpha, wx, init, chunk=chunk, block=8, carry=2)
+    want, want_final = loop_reference(
+        [s.numpy() for s in seqs],
+        alpha.numpy(),
+        wx.numpy(),
+        None if init is None else init.numpy(),
+    )
+    assert_matches(got, want, 1e-12, final, want_final)
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_final_state_for_every_kernel(kernel: str) -> None:
+    lengths = [5, 12, 1, 8]
+    seqs = random_seqs(lengths, 3, seed=4)
+    model = make_model(3, kernel, seed=4)
+    init = torch.randn(len(lengths), 3)
+    alpha, wx = (p.detach().cpu().numpy() for p in (model.alpha_smooth, model.wx))
+    with torch.inference_mode():
+        for state in (None, init):
+            out, final = model.forward_with_state(
+                pack(seqs, DEVICE), None if state is None else state.to(DEVICE)
+            )
+            want, want_final = loop_reference(
+                [s.numpy() for s in seqs], alpha, wx, None if state is None else state.numpy()
+            )
+            assert final.shape == (len(lengths), 3)
+            assert_matches([y.cpu() for y in unpack(out)], want, 1e-5, final.cpu(), want_final)
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_resuming_from_the_state_equals_one_pass(kernel: str) -> None:
+    lengths = [10, 7, 13]
+    splits = [4, 1, 9]  # where each sequence is cut: head [:k], tail [k:]
+    seqs = random_seqs(lengths, 2, seed=6)
+    model = make_model(2, kernel, seed=6)
+    with torch.inference_mode():
+        whole, final = model.forward_with_state(pack(seqs, DEVICE))
+        head, state = model.forward_with_state(
+            pack([s[:k] for s, k in zip(seqs, splits, strict=True)], DEVICE)
+        )
+        tail, final2 = model.forward_with_state(
+            pack([s[k:] for s, k in zip(seqs, splits, strict=True)], DEVICE), state
+        )
+    for w, h, t, k in zip(unpack(whole), unpack(head), unpack(tail), splits, strict=True):
+        torch.testing.assert_close(torch.cat([h, t]), w, atol=1e-6, rtol=0)
+        assert len(h) == k
+    torch.testing.assert_close(final2, final, atol=1e-6, rtol=0)
+
+
+def test_forward_with_state_rejects_a_wrong_state_shape() -> None:
+    model = make_model(2, "numba")
+    with pytest.raises(ValueError, match=r"\[2, 2\]"):
+        model.forward_with_state(pack([torch.randn(3, 2), torch.randn(4, 2)]), torch.zeros(3, 2))
+
+
+def test_model_forward_with_the_triton_kernel_keeps_its_contract() -> None:
+    seqs = random_seqs([6, 2, 9], 4, seed=8)
+    packed = pack(seqs, DEVICE)
+    model = make_model(4, "triton", seed=8)
+    reference = make_model(4, "numba", seed=8)
+    with torch.inference_mode():
+        out = model(packed)
+        want = reference(pack(seqs))
+    assert isinstance(out, PackedSequence)
+    assert torch.equal(out.batch_sizes, packed.batch_sizes)
+    assert out.sorted_indices is not None
+    assert packed.sorted_indices is not None
+    assert torch.equal(out.sorted_indices, packed.sorted_indices)
+    torch.testing.assert_close(out.data.cpu(), want.data, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+def test_gradcheck_float64(with_state: bool) -> None:
+    """Backward (reverse chunked scan) for x, alpha, wx and the initial state, both outputs."""
+    seqs = random_seqs([5, 2, 7], 2, seed=11, dtype=torch.float64)
+    packed = pack(seqs, DEVICE)
+    alpha, wx = random_params(2, 11, torch.float64)
+    inputs = [
+        packed.data.clone().requires_grad_(),
+        alpha.to(DEVICE).requires_grad_(),
+        wx.to(DEVICE).requires_grad_(),
+    ]
+    if with_state:
+        inputs.append(torch.randn(3, 2, dtype=torch.float64, device=DEVICE, requires_grad=True))
+
+    def fn(x: Tensor, a: Tensor, w: Tensor, *init: Tensor) -> tuple[Tensor, Tensor]:
+        s0 = init[0] if init else None
+        return smooth_packed_triton(x, packed.batch_sizes, a, w, s0, chunk=2, block=8, carry=2)
+
+    assert torch.autograd.gradcheck(fn, tuple(inputs), fast_mode=True)
+
+
+@pytest.mark.usefixtures("small_tiles")
+def test_backward_matches_torch_autograd() -> None:
+    """The triton backward against autograd through the torch step loop, via the model API."""
+    lengths = [9, 3, 14, 6, 1]
+    seqs = random_seqs(lengths, 3, seed=12, dtype=torch.float64)
+    grads = {}
+    for kernel in ("torch", "triton"):
+        model = make_model(3, kernel, seed=12, dtype=torch.float64)
+        packed = pack(seqs, DEVICE if kernel == "triton" else "cpu")
+        x = packed.data.clone().requires_grad_()
+        state = torch.linspace(-1, 1, len(lengths) * 3, dtype=torch.float64)
+        state = state.reshape(len(lengths), 3).to(x.device).requires_grad_()
+        out, final = model.forward_with_state(
+            PackedSequence(x, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices),
+            state,
+        )
+        gen = torch.Generator().manual_seed(0)
+        g_out = torch.randn(out.data.shape, generator=gen, dtype=torch.float64).to(x.device)
+        g_fin = torch.randn(final.shape, generator=gen, dtype=torch.float64).to(x.device)
+        ((out.data * g_out).sum() + (final * g_fin).sum()).backward()
+        grads[kernel] = [
+            t.grad.cpu() for t in (x, state, model.alpha_smooth, model.wx) if t.grad is not None
+        ]
+    assert len(grads["triton"]) == len(grads["torch"]) == 4
+    for got, want in zip(grads["triton"], grads["torch"], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
+def test_float16_input_computes_in_float32() -> None:
+    seqs = random_seqs([7, 4], 2, seed=13)
+    alpha, wx = random_params(2, 13)
+    got, _ = run_triton([s.half() for s in seqs], alpha, wx, **SMALL)
+    want, _ = loop_reference([s.half().numpy() for s in seqs], alpha.numpy(), wx.numpy())
+    assert all(g.dtype == torch.float16 for g in got)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.double().numpy(), w, atol=2e-3, rtol=0)
+
+
+def test_plan_fills_the_gpu_for_long_and_for_wide_batches() -> None:
+    one_long = plan_tiles(100_000, 1, 16)
+    wide = plan_tiles(4000, 256, 16)
+    for plan in (one_long, wide):
+        programs = plan.grid[0] * plan.grid[1]
+        assert programs >= 1024  # several programs per SM of an H200 (132 SMs)
+        assert plan.chunk * plan.block <= 4096
+        assert all(v & (v - 1) == 0 for v in (plan.chunk, plan.block, plan.carry))
+    assert one_long.n_chunks >= 256  # a lone sequence is split in time
+
+
+def test_auto_picks_triton_on_cuda_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = LinearRecursion(2)
+    cuda_like = SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32)
+    monkeypatch.setattr(models.smoothing, "triton_available", lambda: True)
+    assert model._pick_kernel(cuda_like, None) == "triton"  # type: ignore[arg-type]
+    monkeypatch.setattr(models.smoothing, "triton_available", lambda: False)
+    assert model._pick_kernel(cuda_like, None) == "torch"  # type: ignore[arg-type]
+    cpu = torch.zeros(3, 2)
+    with torch.no_grad():
+        assert model._pick_kernel(cpu, None) == "numba"
+    assert model._pick_kernel(cpu, None) == "torch"  # alpha requires grad
+    with torch.no_grad():
+        model.alpha_smooth.requires_grad_(False)
+        assert model._pick_kernel(cpu, torch.zeros(1, 2, requires_grad=True)) == "numba"
+    assert model._pick_kernel(cpu, torch.zeros(1, 2, requires_grad=True)) == "torch"
+
+
+@pytest.mark.skipif(not ON_CPU, reason="checks the CPU-only refusal")
+def test_triton_kernel_on_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        smooth_packed_triton(torch.zeros(2, 1), torch.tensor([1, 1]), torch.ones(1), torch.ones(1))
+
+
+def test_models_import_and_smooth_without_triton() -> None:
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, models\n"
+        "from models.kernels import triton_available\n"
+        "from models.smoothing import LinearRecursion\n"
+        "assert not triton_available()\n"
+        "m = LinearRecursion(2)\n"
+        "x = torch.nn.utils.rnn.pack_sequence([torch.ones(3, 2)])\n"
+        "with torch.inference_mode():\n"
+        "    y, s = m.forward_with_state(x)\n"
+        "assert 'triton' not in [k for k, v in sys.modules.items() if v is not None]\n"
+        "print('ok', y.data.shape, s.shape)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ok")
