@@ -23,6 +23,8 @@ from torch.nn.utils.rnn import PackedSequence
 
 RolloutBackend = Literal["auto", "eager", "torchscript", "numba", "triton"]
 ROLLOUT_BACKENDS: tuple[str, ...] = ("auto", "eager", "torchscript", "numba", "triton")
+# (w_cat, bias, w_out, b_out): see rollout_packed's arguments
+FusedWeights = tuple[list[Tensor], list[Tensor], Tensor, Tensor]
 # (u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0) -> (positions, h_T, c_T, p_T)
 RolloutFn = Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]
 
@@ -137,6 +139,14 @@ def scripted_rollout() -> RolloutFn:
     return fn
 
 
+def _triton_rollout_imports() -> bool:
+    try:
+        import models.kernels.rollout_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, str]:
     """The rollout function for ``backend`` on ``device``, and the backend's resolved name.
 
@@ -144,7 +154,8 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
     - ``"eager"``: :func:`rollout_packed` as plain PyTorch (any device);
     - ``"numba"``: one compiled CPU loop with fused gates (:mod:`models.kernels.rollout_cpu`);
     - ``"triton"``: fused Triton step kernels, CUDA (:mod:`models.kernels.rollout_triton`);
-    - ``"auto"``: the fastest measured for the device (docs/BENCHMARKS.md).
+    - ``"auto"``: the fastest measured for the device (docs/BENCHMARKS.md); on CUDA devices
+      ``"triton"`` when triton imports, else ``"torchscript"``.
     """
     if backend == "auto" and device.type == "cpu":
         # The numba loop beat TorchScript on one core at B=1 and at B=64 (by 3-5x and ~2x,
@@ -156,7 +167,7 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
         else:
             backend = "numba"
     if backend == "auto":
-        backend = "torchscript"
+        backend = "triton" if device.type == "cuda" and _triton_rollout_imports() else "torchscript"
     if backend == "torchscript":
         return scripted_rollout(), backend
     if backend == "eager":
@@ -167,8 +178,9 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
         compile_for(torch.float32)  # JIT here, at load, not in the first request (seconds)
         return rollout_packed_numba, backend
     if backend == "triton":
-        from models.kernels.rollout_triton import rollout_packed_triton
+        from models.kernels.rollout_triton import check_device, rollout_packed_triton
 
+        check_device(device)
         return rollout_packed_triton, backend
     raise ValueError(f"unknown rollout backend {backend!r}; known: {', '.join(ROLLOUT_BACKENDS)}")
 
@@ -194,6 +206,7 @@ class Traveller(nn.Module):
         self.output_layer = nn.Linear(hidden_size, 2)
         self.activation = nn.Tanh()
         self._rollout_fn: RolloutFn = rollout_packed
+        self._fused_cache: tuple[tuple[object, ...], FusedWeights] | None = None
         self.rollout_backend: str = "eager"
 
     @property
@@ -205,8 +218,25 @@ class Traveller(nn.Module):
         device = next(self.parameters()).device
         self._rollout_fn, self.rollout_backend = rollout_backend_fn(backend, device)
 
-    def fused_weights(self) -> tuple[list[Tensor], list[Tensor], Tensor, Tensor]:
-        """Weights in the layout :func:`rollout_packed` takes (see its argument comments)."""
+    def fused_weights(self) -> FusedWeights:
+        """Weights in the layout :func:`rollout_packed` takes (see its argument comments).
+
+        Rebuilding them costs about a millisecond (a copy of every weight), a lot for a chunk of
+        a few dozen steps, so without autograd they are cached until a parameter changes (its
+        storage, device, dtype, or version counter, which in-place updates bump).
+        """
+        params = list(self.parameters())
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return self._fuse()  # part of the autograd graph: never cached
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        cached = self._fused_cache
+        if cached is None or cached[0] != key:
+            with torch.inference_mode(False), torch.no_grad():  # plain tensors, reusable anywhere
+                cached = (key, self._fuse())
+            self._fused_cache = cached
+        return cached[1]
+
+    def _fuse(self) -> FusedWeights:
         w_cat: list[Tensor] = []
         bias: list[Tensor] = []
         n_pos = 2

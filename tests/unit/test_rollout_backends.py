@@ -119,3 +119,23 @@ def test_state_of_the_wrong_shape_is_refused() -> None:
     state = RolloutState.zeros(2, 3, 5, dtype=torch.float64, device=torch.device("cpu"))
     with pytest.raises(ValueError, match=r"must have shape \[2, 3, 4\]"):
         model.rollout_with_state(pack([torch.zeros(2, 2, dtype=torch.float64)] * 3), state)
+
+
+def test_cached_fused_weights_follow_parameter_updates() -> None:
+    """The fused-weight cache never serves stale weights: in-place updates and casts refresh it."""
+    model = bent_model(num_inputs=2, hidden=4, layers=2, dtype=torch.float32)
+    u = [torch.randn(6, 2)]
+    with torch.inference_mode():
+        before = model.rollout(pack(u)).data.clone()
+    with torch.no_grad():
+        model.lstm_layers.weight_hh_l1.mul_(-1.0)  # an optimiser step does this in place
+    with torch.inference_mode():
+        after = model.rollout(pack(u)).data
+    model.double()
+    want = reference(model, u[0].double()).float()
+    torch.testing.assert_close(after, want, atol=1e-5, rtol=0)
+    assert not torch.allclose(before, after)
+    with torch.inference_mode():
+        y = model.rollout(pack([u[0].double()])).data
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, reference(model, u[0].double()), atol=1e-10, rtol=0)
