@@ -1,0 +1,710 @@
+"""The Traveller's rollout as fused Triton step kernels, replayed as CUDA graphs.
+
+Same contract as :func:`models.traveller.rollout_packed` (weight layout, packed time-major rows,
+resumable state); see :func:`rollout_packed_triton`.
+
+Kernels. One launch per layer per step. A program owns ``BLOCK_B`` batch rows x ``BLOCK_H``
+hidden units: it forms the four gate pre-activations of its units from the whole input row
+(``tl.dot`` over K tiles, or broadcast-and-sum for batches under 16 rows), applies the LSTM
+cell and writes its slice of ``h`` and ``c``. Layer 0 also takes the input projection of
+``u_t`` (K = num_inputs more, so no ``[N, 4H]`` projection is materialised) and recomputes the
+fed-back position ``p_{t-1} = tanh(h_top @ w_out + b_out)`` from the previous step's top layer in
+every program: a ``[rows, H] x [H, 2]`` product, cheaper than a cross-program dependency. The
+programs of hidden block 0 write that ``p_{t-1}`` to the output and to the state, so a last,
+"virtual" step ``T`` (no active rows) produces ``p_{T-1}``: a rollout of T steps runs T + 1.
+
+State. ``h`` is double-buffered (step t reads plane ``t % 2`` and writes ``(t + 1) % 2``; every
+program reads whole rows, so writing in place would race); ``c`` and ``p`` are owned by one
+program per element and updated in place. A finished sequence is simply not written again, so
+its final ``h`` is in the plane of its length's parity and is picked out at the end.
+
+Step numbers live on the device. Each launch reads ``t = base[0] + k`` (``k`` a plain argument)
+and ``batch_sizes[t]`` / row offsets from device arrays, so the same launches serve any batch
+sizes; one tiny kernel adds ``n`` to ``base`` after a chunk of ``n`` steps. On CUDA a chunk of
+``n`` steps (n a power of two up to ``max_chunk``) is captured once as a CUDA graph per shape
+bucket (rows rounded up to a power of two, layers, hidden, inputs, dtype, device) and replayed;
+T + 1 steps run as full chunks plus the binary digits of the rest. Everything the graphs touch
+(weights, inputs, outputs, schedule, state) lives in that bucket's workspace, copied in and out
+per call. On the CPU (``TRITON_INTERPRET=1``) the same launches run without capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = [
+    "KernelConfig",
+    "TritonRollout",
+    "bucket_rows",
+    "check_device",
+    "kernel_config",
+    "rollout_op",
+    "rollout_packed_triton",
+]
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+def _jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``triton.jit`` (untyped) behind a typed signature."""
+
+    def wrap(fn: Callable[..., Any]) -> Any:
+        return triton.jit(fn, **options)
+
+    return wrap
+
+
+@_jit()
+def _sigmoid(x):  # type: ignore[no-untyped-def]
+    e = tl.exp(-tl.abs(x))  # never overflows
+    return tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+@_jit()
+def _tanh(x):  # type: ignore[no-untyped-def]
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x >= 0, t, -t)
+
+
+@_jit()
+def _gates(  # type: ignore[no-untyped-def]
+    acc_i,
+    acc_f,
+    acc_g,
+    acc_o,
+    x_ptr,  # [rows, K] row-major, K == the row stride
+    rows,
+    row_ok,
+    w_ptr,  # [*, 4H]; rows W_ROW0 .. W_ROW0 + K multiply x
+    cols,
+    col_ok,
+    K: tl.constexpr,
+    W_ROW0: tl.constexpr,
+    H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        x = tl.load(
+            x_ptr + rows[:, None] * K + kk[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        w = w_ptr + (W_ROW0 + kk)[:, None] * (4 * H) + cols[None, :]
+        w_ok = k_ok[:, None] & col_ok[None, :]
+        w_i = tl.load(w, mask=w_ok, other=0.0)
+        w_f = tl.load(w + H, mask=w_ok, other=0.0)
+        w_g = tl.load(w + 2 * H, mask=w_ok, other=0.0)
+        w_o = tl.load(w + 3 * H, mask=w_ok, other=0.0)
+        if USE_DOT:  # acc [BB, BH] += x [BB, BK] @ w [BK, BH]
+            acc_i = tl.dot(x, w_i, acc_i, input_precision=PRECISION)
+            acc_f = tl.dot(x, w_f, acc_f, input_precision=PRECISION)
+            acc_g = tl.dot(x, w_g, acc_g, input_precision=PRECISION)
+            acc_o = tl.dot(x, w_o, acc_o, input_precision=PRECISION)
+        else:  # rows under 16: broadcast and sum (tl.dot would pad M to 16)
+            xb = x[:, :, None]
+            acc_i += tl.sum(xb * w_i[None, :, :], axis=1)
+            acc_f += tl.sum(xb * w_f[None, :, :], axis=1)
+            acc_g += tl.sum(xb * w_g[None, :, :], axis=1)
+            acc_o += tl.sum(xb * w_o[None, :, :], axis=1)
+    return acc_i, acc_f, acc_g, acc_o
+
+
+@_jit(do_not_specialize=["k", "layer"])
+def _layer_step_kernel(  # type: ignore[no-untyped-def]
+    h_ptr,  # [2, L, R, H]: plane t % 2 holds h after step t - 1
+    c_ptr,  # [L, R, H]
+    p_ptr,  # [R, 2]: the last position of each row
+    out_ptr,  # [N, 2] packed positions
+    u_ptr,  # [N, NI] packed inputs
+    w_ptr,  # this layer's [K_l, 4H]: layer 0 rows (p, h_0, u), others (h_{l-1}, h_l)
+    b_ptr,  # this layer's [4H]
+    wo_ptr,  # [H, 2]
+    bo_ptr,  # [2]
+    bs_ptr,  # int32 [steps]: active rows per step, 0 at step T
+    off_ptr,  # int32 [steps]: first packed row of each step
+    base_ptr,  # int32 [1]: the step number of k = 0
+    k,  # step within the chunk
+    layer,
+    R,  # rows of the state buffers
+    H: tl.constexpr,
+    NI: tl.constexpr,
+    L: tl.constexpr,
+    FIRST: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    t = tl.load(base_ptr) + k
+    n_act = tl.load(bs_ptr + t)  # rows that take step t
+    if FIRST:
+        n_prev = tl.load(bs_ptr + t - 1, mask=t > 0, other=0)  # rows that took step t - 1
+        n_live = tl.maximum(n_act, n_prev)
+    else:
+        n_prev = n_act
+        n_live = n_act
+    row0 = pid_b * BLOCK_B
+    if row0 >= n_live:
+        return
+
+    rows = row0 + tl.arange(0, BLOCK_B)
+    act = rows < n_act
+    cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < H
+    par = t % 2
+    plane = R * H  # one layer's [R, H]
+    h_old = h_ptr + (par * L + layer) * plane  # this layer after step t - 1
+    h_new = h_ptr + ((1 - par) * L + layer) * plane  # this layer after step t
+
+    dtype = h_ptr.dtype.element_ty
+    zero = tl.zeros([BLOCK_B, BLOCK_H], dtype=dtype)
+    acc_i = zero + tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    acc_f = zero + tl.load(b_ptr + H + cols, mask=col_ok, other=0.0)[None, :]
+    acc_g = zero + tl.load(b_ptr + 2 * H + cols, mask=col_ok, other=0.0)[None, :]
+    acc_o = zero + tl.load(b_ptr + 3 * H + cols, mask=col_ok, other=0.0)[None, :]
+
+    if FIRST:
+        # p_{t-1} = tanh(h_top @ w_out + b_out) from the top layer after step t - 1
+        prev = rows < n_prev
+        top = h_ptr + (par * L + (L - 1)) * plane
+        s0 = tl.zeros([BLOCK_B], dtype=dtype)
+        s1 = tl.zeros([BLOCK_B], dtype=dtype)
+        for k0 in range(0, H, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < H
+            x = tl.load(
+                top + rows[:, None] * H + kk[None, :],
+                mask=prev[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            s0 += tl.sum(x * tl.load(wo_ptr + kk * 2, mask=k_ok, other=0.0)[None, :], axis=1)
+            s1 += tl.sum(x * tl.load(wo_ptr + kk * 2 + 1, mask=k_ok, other=0.0)[None, :], axis=1)
+        q0 = _tanh(s0 + tl.load(bo_ptr))
+        q1 = _tanh(s1 + tl.load(bo_ptr + 1))
+        if pid_h == 0:  # one program per row writes p_{t-1}: output of step t - 1, and state
+            o_prev = tl.load(off_ptr + t - 1, mask=t > 0, other=0)
+            tl.store(out_ptr + (o_prev + rows) * 2, q0, mask=prev)
+            tl.store(out_ptr + (o_prev + rows) * 2 + 1, q1, mask=prev)
+            tl.store(p_ptr + rows * 2, q0, mask=prev)
+            tl.store(p_ptr + rows * 2 + 1, q1, mask=prev)
+        # at t = 0 the fed-back position is the given one (read only then: no race with the
+        # stores above, which happen only at t > 0)
+        given = rows < tl.where(t == 0, n_act, 0)
+        p0 = tl.where(t == 0, tl.load(p_ptr + rows * 2, mask=given, other=0.0), q0)
+        p1 = tl.where(t == 0, tl.load(p_ptr + rows * 2 + 1, mask=given, other=0.0), q1)
+        # rows 0 and 1 of w: the position, a rank-2 update
+        acc_i += p0[:, None] * tl.load(w_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        acc_f += p0[:, None] * tl.load(w_ptr + H + cols, mask=col_ok, other=0.0)[None, :]
+        acc_g += p0[:, None] * tl.load(w_ptr + 2 * H + cols, mask=col_ok, other=0.0)[None, :]
+        acc_o += p0[:, None] * tl.load(w_ptr + 3 * H + cols, mask=col_ok, other=0.0)[None, :]
+        w1 = w_ptr + 4 * H
+        acc_i += p1[:, None] * tl.load(w1 + cols, mask=col_ok, other=0.0)[None, :]
+        acc_f += p1[:, None] * tl.load(w1 + H + cols, mask=col_ok, other=0.0)[None, :]
+        acc_g += p1[:, None] * tl.load(w1 + 2 * H + cols, mask=col_ok, other=0.0)[None, :]
+        acc_o += p1[:, None] * tl.load(w1 + 3 * H + cols, mask=col_ok, other=0.0)[None, :]
+        # rows 2 .. 2 + H: h_0 after step t - 1; then num_inputs rows: u_t
+        acc_i, acc_f, acc_g, acc_o = _gates(
+            acc_i, acc_f, acc_g, acc_o, h_old, rows, act, w_ptr, cols, col_ok,
+            H, 2, H, BLOCK_K, USE_DOT, PRECISION,
+        )  # fmt: skip
+        u_t = u_ptr + tl.load(off_ptr + t) * NI
+        acc_i, acc_f, acc_g, acc_o = _gates(
+            acc_i, acc_f, acc_g, acc_o, u_t, rows, act, w_ptr, cols, col_ok,
+            NI, 2 + H, H, BLOCK_K, USE_DOT, PRECISION,
+        )  # fmt: skip
+    else:
+        # rows 0 .. H: the layer below after step t; rows H .. 2H: this layer after step t - 1
+        below = h_ptr + ((1 - par) * L + layer - 1) * plane
+        acc_i, acc_f, acc_g, acc_o = _gates(
+            acc_i, acc_f, acc_g, acc_o, below, rows, act, w_ptr, cols, col_ok,
+            H, 0, H, BLOCK_K, USE_DOT, PRECISION,
+        )  # fmt: skip
+        acc_i, acc_f, acc_g, acc_o = _gates(
+            acc_i, acc_f, acc_g, acc_o, h_old, rows, act, w_ptr, cols, col_ok,
+            H, H, H, BLOCK_K, USE_DOT, PRECISION,
+        )  # fmt: skip
+
+    ok = act[:, None] & col_ok[None, :]
+    at = rows[:, None] * H + cols[None, :]
+    c_at = c_ptr + layer * plane + at
+    c = _sigmoid(acc_f) * tl.load(c_at, mask=ok, other=0.0) + _sigmoid(acc_i) * _tanh(acc_g)
+    tl.store(c_at, c, mask=ok)
+    tl.store(h_new + at, _sigmoid(acc_o) * _tanh(c), mask=ok)
+
+
+@_jit()
+def _advance_kernel(base_ptr, n):  # type: ignore[no-untyped-def]
+    tl.store(base_ptr, tl.load(base_ptr) + n)
+
+
+# ---------------------------------------------------------------------------------------------
+# configuration
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes of the step kernel (chosen by reasoning; tune on the GPU)."""
+
+    block_b: int  # batch rows per program
+    block_h: int  # hidden units per program (x 4 gates)
+    block_k: int  # K tile
+    use_dot: bool  # tl.dot (needs block_b, block_h, block_k >= 16) or broadcast-and-sum
+    num_warps: int = 4
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def bucket_rows(batch: int) -> int:
+    """State rows for a batch of ``batch`` sequences: the next power of two (one graph each)."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    return _pow2(batch)
+
+
+def kernel_config(rows: int, hidden: int, *, interpret: bool = False) -> KernelConfig:
+    """Tiles for a bucket of ``rows`` state rows and ``hidden`` units.
+
+    Under 16 rows tl.dot would pad M to 16, so small batches use broadcast-and-sum with narrow
+    hidden blocks (more programs stream the weights: at B = 1 a step is bound by reading them).
+    From 16 rows up, tl.dot with 16-32 row tiles and 16 hidden units: B = 1024, H = 128 gives
+    256 programs a layer on 132 SMs. ``interpret``: Triton's interpreter pays per operation, not
+    per element, so there all hidden units go to one program (tests pick GPU tiles explicitly).
+    """
+    h_pow = _pow2(hidden)
+    if rows < 16:
+        block_h = min(max(h_pow, 8), 64) if interpret else min(8, max(h_pow, 8))
+        block_k = max(16, min(128, 2048 // (rows * block_h)))
+        return KernelConfig(rows, block_h, block_k, use_dot=False)
+    block_b = 16 if rows <= 128 else 32
+    block_h = min(max(h_pow, 16), 64) if interpret else 16
+    return KernelConfig(block_b, block_h, 32, use_dot=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# workspace: every buffer the launches (and so the CUDA graphs) point at
+
+
+@dataclass(frozen=True)
+class _Shape:
+    rows: int  # R: state rows, a power of two
+    layers: int
+    hidden: int
+    num_inputs: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(eq=False)
+class _Workspace:
+    shape: _Shape
+    config: KernelConfig
+    precision: str
+    h: Tensor  # [2, L, R, H]
+    c: Tensor  # [L, R, H]
+    p: Tensor  # [R, 2]
+    w: list[Tensor]  # per layer [K_l, 4H]
+    b: list[Tensor]  # per layer [4H]
+    w_out: Tensor  # [H, 2]
+    b_out: Tensor  # [2]
+    base: Tensor  # int32 [1]
+    u: Tensor  # [row capacity, NI]
+    out: Tensor  # [row capacity, 2]
+    sched: Tensor  # int32 [2, step capacity]: batch sizes, row offsets
+    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def create(cls, shape: _Shape, config: KernelConfig, precision: str) -> _Workspace:
+        r, layers, hidden, ni = shape.rows, shape.layers, shape.hidden, shape.num_inputs
+        dt, dev = shape.dtype, shape.device
+        k_rows = [2 + hidden + ni] + [2 * hidden] * (layers - 1)
+        return cls(
+            shape,
+            config,
+            precision,
+            h=torch.zeros(2, layers, r, hidden, dtype=dt, device=dev),
+            c=torch.zeros(layers, r, hidden, dtype=dt, device=dev),
+            p=torch.zeros(r, 2, dtype=dt, device=dev),
+            w=[torch.zeros(k, 4 * hidden, dtype=dt, device=dev) for k in k_rows],
+            b=[torch.zeros(4 * hidden, dtype=dt, device=dev) for _ in range(layers)],
+            w_out=torch.zeros(hidden, 2, dtype=dt, device=dev),
+            b_out=torch.zeros(2, dtype=dt, device=dev),
+            base=torch.zeros(1, dtype=torch.int32, device=shape.device),
+            u=torch.zeros(r * 64, ni, dtype=dt, device=dev),
+            out=torch.zeros(r * 64, 2, dtype=dt, device=dev),
+            sched=torch.zeros(2, 128, dtype=torch.int32, device=shape.device),
+        )
+
+    def reserve(self, rows: int, steps: int) -> None:
+        """Room for ``rows`` packed rows and ``steps`` steps; growing drops captured graphs."""
+        dt, dev = self.shape.dtype, self.shape.device
+        if rows > self.u.shape[0]:
+            cap = _pow2(rows)
+            self.u = torch.zeros(cap, self.shape.num_inputs, dtype=dt, device=dev)
+            self.out = torch.zeros(cap, 2, dtype=dt, device=dev)
+            self.graphs.clear()
+        if steps > self.sched.shape[1]:
+            self.sched = torch.zeros(2, _pow2(steps), dtype=torch.int32, device=self.shape.device)
+            self.graphs.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# the rollout
+
+
+def _on(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Triton launches on the current CUDA device: make it the tensors' one."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class TritonRollout:
+    """A callable with :func:`models.traveller.rollout_packed`'s signature, on Triton kernels.
+
+    ``max_chunk``: the most steps one CUDA graph holds (a power of two); ``graphs``: replay
+    CUDA graphs (default: on CUDA devices) or launch every kernel from Python (the CPU path, and a
+    reference for the graphs); ``precision``: ``tl.dot``'s ``input_precision`` for float32
+    (``"ieee"`` matches the CPU to 1e-5; ``"tf32x3"`` uses tensor cores, to be measured);
+    ``config``: tiles, by default :func:`kernel_config`.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_chunk: int = 64,
+        graphs: bool | None = None,
+        precision: str = "ieee",
+        config: KernelConfig | None = None,
+    ) -> None:
+        if max_chunk < 1 or max_chunk & (max_chunk - 1):
+            raise ValueError(f"max_chunk must be a power of two, got {max_chunk}")
+        if precision not in ("ieee", "tf32x3", "tf32"):
+            raise ValueError(f"precision must be ieee, tf32x3 or tf32, got {precision!r}")
+        self.max_chunk = max_chunk
+        self.graphs = graphs
+        self.precision = precision
+        self.config = config
+        self._workspaces: dict[_Shape, _Workspace] = {}
+        self._lock = threading.Lock()
+        self.launches = 0  # kernel launches from Python (captures included), for tests
+        self.replays = 0  # CUDA graph replays
+
+    # -- public -----------------------------------------------------------------------------
+
+    def __call__(
+        self,
+        u: Tensor,  # [N, NI] packed rows, time-major
+        batch_sizes: Sequence[int] | Tensor,  # [T] non-increasing
+        w_cat: Sequence[Tensor],  # per layer [K_l, 4H]
+        bias: Sequence[Tensor],  # per layer [4H]
+        w_out: Tensor,  # [H, 2]
+        b_out: Tensor,  # [2]
+        h0: Tensor | None = None,  # [L, B, H]
+        c0: Tensor | None = None,  # [L, B, H]
+        p0: Tensor | None = None,  # [B, 2]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        sizes = _check_sizes(batch_sizes, u)
+        shape = self._shape(u, sizes[0], w_cat, bias, w_out, b_out)
+        batch, steps = sizes[0], len(sizes)
+        for name, state, want in (
+            ("h0", h0, (shape.layers, batch, shape.hidden)),
+            ("c0", c0, (shape.layers, batch, shape.hidden)),
+            ("p0", p0, (batch, 2)),
+        ):
+            if state is not None and tuple(state.shape) != want:
+                raise ValueError(f"{name} must have shape {list(want)}, got {list(state.shape)}")
+        with _on(shape.device):
+            ws = self.workspace(shape)
+            with ws.lock:
+                ws.reserve(u.shape[0], steps + 1)
+                self._stage(ws, u, sizes, w_cat, bias, w_out, b_out, h0, c0, p0)
+                self._run(ws, steps + 1)  # the last step only writes p_{T-1}
+                return self._collect(ws, u.shape[0], batch, steps)
+
+    def workspace(self, shape: _Shape) -> _Workspace:
+        """The workspace of a shape bucket, created (and its kernels compiled) on first use."""
+        with self._lock:
+            ws = self._workspaces.get(shape)
+            if ws is None:
+                cfg = self.config or kernel_config(
+                    shape.rows, shape.hidden, interpret=_interpreting()
+                )
+                precision = self.precision if shape.dtype == torch.float32 else "ieee"
+                ws = _Workspace.create(shape, cfg, precision)
+                self._compile(ws)
+                self._workspaces[shape] = ws
+            return ws
+
+    def warm_up(
+        self,
+        batch: int,
+        layers: int,
+        hidden: int,
+        num_inputs: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cuda",
+        rows: int = 1024,
+        steps: int = 1024,
+    ) -> None:
+        """Compile the kernels and capture every chunk's graph for ``batch``'s bucket now.
+
+        ``rows``/``steps``: the packed rows and steps to reserve room for, so that later calls
+        up to that size do not reallocate (which would drop the graphs).
+        """
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:  # as the tensors' devices will say
+            dev = torch.device("cuda", torch.cuda.current_device())
+        shape = _Shape(bucket_rows(batch), layers, hidden, num_inputs, dtype, dev)
+        with _on(dev):
+            ws = self.workspace(shape)
+            with ws.lock:
+                ws.reserve(rows, steps + 1)
+                n = self.max_chunk
+                while n >= 1 and self._use_graphs(ws):
+                    self._graph(ws, n)
+                    n //= 2
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _shape(
+        self,
+        u: Tensor,
+        batch: int,
+        w_cat: Sequence[Tensor],
+        bias: Sequence[Tensor],
+        w_out: Tensor,
+        b_out: Tensor,
+    ) -> _Shape:
+        if u.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"the triton rollout takes float32 or float64, got {u.dtype}")
+        check_device(u.device)
+        layers = len(w_cat)
+        if layers < 1 or len(bias) != layers:
+            raise ValueError(f"need one weight and one bias per layer, got {layers}, {len(bias)}")
+        hidden = w_cat[0].shape[1] // 4
+        num_inputs = w_cat[0].shape[0] - 2 - hidden
+        if u.dim() != 2 or u.shape[1] != num_inputs or num_inputs < 0:
+            raise ValueError(f"u must be [N, {num_inputs}], got {list(u.shape)}")
+        k_rows = [2 + hidden + num_inputs] + [2 * hidden] * (layers - 1)
+        wanted: list[tuple[Tensor, tuple[int, ...]]]
+        wanted = [(w, (k, 4 * hidden)) for w, k in zip(w_cat, k_rows, strict=True)]
+        wanted += [(b, (4 * hidden,)) for b in bias] + [(w_out, (hidden, 2)), (b_out, (2,))]
+        for tensor, want in wanted:
+            if tuple(tensor.shape) != want:
+                raise ValueError(f"weight of shape {list(tensor.shape)}, expected {list(want)}")
+            if tensor.dtype != u.dtype or tensor.device != u.device:
+                raise ValueError("weights and inputs must share dtype and device")
+        return _Shape(bucket_rows(batch), layers, hidden, num_inputs, u.dtype, u.device)
+
+    def _stage(
+        self,
+        ws: _Workspace,
+        u: Tensor,
+        sizes: list[int],
+        w_cat: Sequence[Tensor],
+        bias: Sequence[Tensor],
+        w_out: Tensor,
+        b_out: Tensor,
+        h0: Tensor | None,
+        c0: Tensor | None,
+        p0: Tensor | None,
+    ) -> None:
+        """Copy this call's weights, inputs, schedule and initial state into the workspace."""
+        for dst, src in zip(ws.w + ws.b, [*w_cat, *bias], strict=True):
+            dst.copy_(src)
+        ws.w_out.copy_(w_out)
+        ws.b_out.copy_(b_out)
+        ws.u[: u.shape[0]].copy_(u)
+        steps, batch = len(sizes), sizes[0]
+        bs = torch.tensor([*sizes, 0], dtype=torch.int32)
+        sched = torch.stack([bs, torch.cumsum(bs, 0, dtype=torch.int32) - bs])
+        cuda = ws.shape.device.type == "cuda"
+        if cuda:
+            sched = sched.pin_memory()
+        ws.sched[:, : steps + 1].copy_(sched, non_blocking=cuda)
+        for dst, init in ((ws.h[0, :, :batch], h0), (ws.c[:, :batch], c0), (ws.p[:batch], p0)):
+            if init is None:
+                dst.zero_()
+            else:
+                dst.copy_(init)
+        ws.base.zero_()
+
+    def _run(self, ws: _Workspace, steps: int) -> None:
+        """Run ``steps`` steps from ``base``: full chunks, then the binary digits of the rest."""
+        graphs = self._use_graphs(ws)
+        n = self.max_chunk
+        while steps:
+            while n > steps:
+                n //= 2
+            if graphs:
+                self._graph(ws, n).replay()
+                self.replays += 1
+            else:
+                self._launch(ws, n)
+            steps -= n
+
+    def _launch(self, ws: _Workspace, steps: int) -> None:
+        """Launch ``steps`` steps (L kernels each) and advance ``base`` by ``steps``."""
+        s, cfg = ws.shape, ws.config
+        grid = (triton.cdiv(s.rows, cfg.block_b), triton.cdiv(s.hidden, cfg.block_h))
+        bs, off = ws.sched[0], ws.sched[1]
+        for k in range(steps):
+            for layer in range(s.layers):
+                _layer_step_kernel[grid](
+                    ws.h, ws.c, ws.p, ws.out, ws.u, ws.w[layer], ws.b[layer], ws.w_out,
+                    ws.b_out, bs, off, ws.base, k, layer, s.rows,
+                    H=s.hidden, NI=s.num_inputs, L=s.layers, FIRST=layer == 0,
+                    BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
+                    USE_DOT=cfg.use_dot, PRECISION=ws.precision, num_warps=cfg.num_warps,
+                )  # fmt: skip
+                self.launches += 1
+        _advance_kernel[(1,)](ws.base, steps)
+        self.launches += 1
+
+    def _compile(self, ws: _Workspace) -> None:
+        """Compile every kernel variant by one step on the empty schedule (a no-op step)."""
+        ws.base.zero_()  # step 0 of an all-zero schedule: no active rows, nothing written
+        self._launch(ws, 1)
+        ws.base.zero_()
+
+    def _use_graphs(self, ws: _Workspace) -> bool:
+        if ws.shape.device.type != "cuda":
+            return False
+        return self.graphs is None or self.graphs
+
+    def _graph(self, ws: _Workspace, steps: int) -> torch.cuda.CUDAGraph:
+        """The CUDA graph of a ``steps``-step chunk on this workspace, captured on first use."""
+        graph = ws.graphs.get(steps)
+        if graph is None:
+            graph = torch.cuda.CUDAGraph()
+            # capture only: nothing runs, the staged state is untouched; thread_local so that
+            # other threads' CUDA calls (another model, an allocation) do not break the capture
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._launch(ws, steps)
+            ws.graphs[steps] = graph
+        return graph
+
+    def _collect(
+        self, ws: _Workspace, n_rows: int, batch: int, steps: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Outputs and each row's final state, copied out of the workspace."""
+        # row r took len_r steps; its last h is in plane len_r % 2
+        lengths = (ws.sched[0, :steps, None] > torch.arange(batch, device=ws.h.device)).sum(0)
+        odd = (lengths % 2 == 1)[None, :, None]
+        h = torch.where(odd, ws.h[1, :, :batch], ws.h[0, :, :batch])
+        return ws.out[:n_rows].clone(), h, ws.c[:, :batch].clone(), ws.p[:batch].clone()
+
+
+def check_device(device: torch.device) -> None:
+    """Refuse a device the kernels cannot run on (CPU tensors need ``TRITON_INTERPRET=1``)."""
+    if device.type != "cuda" and not _interpreting():
+        raise RuntimeError(
+            "the triton rollout runs on CUDA tensors (or on the CPU under TRITON_INTERPRET=1, set"
+            f" before triton is imported); got device {device}"
+        )
+
+
+def _check_sizes(batch_sizes: Sequence[int] | Tensor, u: Tensor) -> list[int]:
+    raw = batch_sizes.tolist() if isinstance(batch_sizes, Tensor) else batch_sizes
+    sizes = [int(b) for b in raw]
+    if not sizes or sizes[0] < 1:
+        raise ValueError("batch_sizes must be non-empty and start >= 1")
+    if any(b < a for a, b in zip(sizes[1:], sizes, strict=False)) or sizes[-1] < 1:
+        raise ValueError("batch_sizes must be non-increasing and positive")
+    if sum(sizes) != u.shape[0]:
+        raise ValueError(f"batch_sizes sum to {sum(sizes)} but u has {u.shape[0]} rows")
+    if u.shape[0] * max(u.shape[1], 2) >= 2**31:
+        raise ValueError("more than 2**31 input elements (the kernels index with int32)")
+    return sizes
+
+
+_DEFAULT = TritonRollout()
+
+
+def rollout_packed_triton(
+    u: Tensor,
+    batch_sizes: Sequence[int] | Tensor,
+    w_cat: Sequence[Tensor],
+    bias: Sequence[Tensor],
+    w_out: Tensor,
+    b_out: Tensor,
+    h0: Tensor | None = None,
+    c0: Tensor | None = None,
+    p0: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`models.traveller.rollout_packed` on Triton kernels (one shared graph cache).
+
+    Returns the ``[N, 2]`` packed positions and each sequence's final ``(h, c, p)``.
+    """
+    return _DEFAULT(u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0)
+
+
+@functools.cache
+def rollout_op() -> Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """:func:`rollout_packed_triton` as the custom op ``torch.ops.rnnserve.rollout_triton``.
+
+    Registered on first call. TorchScript code can call it (a scripted orchestration keeps its
+    loop over chunks and requests and hands the steps to the graphs), and ``torch.compile``
+    traces it as one opaque op. The ``"triton"`` backend calls the Python function directly.
+    """
+
+    @torch.library.custom_op("rnnserve::rollout_triton", mutates_args=())
+    def _op(
+        u: Tensor,
+        batch_sizes: list[int],
+        w_cat: list[Tensor],
+        bias: list[Tensor],
+        w_out: Tensor,
+        b_out: Tensor,
+        h0: Tensor | None = None,
+        c0: Tensor | None = None,
+        p0: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return rollout_packed_triton(u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0)
+
+    @_op.register_fake
+    def _(
+        u: Tensor,
+        batch_sizes: list[int],
+        w_cat: list[Tensor],
+        bias: list[Tensor],
+        w_out: Tensor,
+        b_out: Tensor,
+        h0: Tensor | None = None,
+        c0: Tensor | None = None,
+        p0: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        batch, hidden = batch_sizes[0], w_out.shape[0]
+        h = u.new_empty(len(w_cat), batch, hidden)
+        return u.new_empty(u.shape[0], 2), h, torch.empty_like(h), u.new_empty(batch, 2)
+
+    op: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] = torch.ops.rnnserve.rollout_triton
+    return op

@@ -1,0 +1,252 @@
+"""The Triton rollout's own edges, on the CPU under TRITON_INTERPRET=1 (or on CUDA).
+
+Tiles are given explicitly where they matter: the interpreter's default tiles put every hidden
+unit in one program, the GPU's split rows and units over many programs, and masks at block
+edges are where kernels break. Shapes are small: the interpreter pays per operation.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import List, Optional, Tuple  # noqa: UP035 - TorchScript reads these
+
+import pytest
+import torch
+from torch import Tensor
+
+rt = pytest.importorskip("models.kernels.rollout_triton")
+
+from models.traveller import Traveller, rollout_backend_fn, rollout_packed  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DTYPE = torch.float32 if DEVICE.type == "cuda" else torch.float64
+TOL = 1e-5 if DEVICE.type == "cuda" else 1e-12
+
+GEMV = rt.KernelConfig(block_b=2, block_h=8, block_k=16, use_dot=False)  # rows < 16 path
+DOT = rt.KernelConfig(block_b=16, block_h=16, block_k=16, use_dot=True)
+
+
+def weights(
+    num_inputs: int, hidden: int, layers: int, seed: int = 0
+) -> tuple[list[Tensor], list[Tensor], Tensor, Tensor]:
+    """Fused weights of a random Traveller whose positions reach tanh's curve."""
+    torch.manual_seed(seed)
+    model = Traveller(num_inputs, hidden, layers).to(DTYPE)
+    with torch.no_grad():
+        model.output_layer.weight.mul_(12.0)
+        model.output_layer.bias.mul_(4.0)
+        model.lstm_layers.weight_ih_l0.mul_(3.0)
+    w_cat, bias, w_out, b_out = model.fused_weights()
+    move = [t.detach().to(DEVICE) for t in (*w_cat, *bias, w_out, b_out)]
+    return move[:layers], move[layers : 2 * layers], move[-2], move[-1]
+
+
+def packed(sizes: list[int], num_inputs: int, seed: int = 1) -> Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(sum(sizes), num_inputs, generator=gen, dtype=DTYPE).to(DEVICE)
+
+
+def assert_same(got: tuple[Tensor, ...], want: tuple[Tensor, ...], tol: float = TOL) -> None:
+    for name, g, w in zip(("positions", "h", "c", "p"), got, want, strict=True):
+        assert g.shape == w.shape, name
+        torch.testing.assert_close(g, w, atol=tol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# batch sizes dropping inside chunks, to a single row, and B not a multiple of any block
+RAGGED = [5, 5, 4, 2, 2, 1, 1]
+RAGGED_WIDE = [19, 19, 17, 17, 9, 2]
+
+
+@pytest.mark.parametrize(
+    ("config", "sizes", "hidden", "num_inputs", "layers"),
+    [
+        (GEMV, RAGGED, 12, 3, 2),  # H not a power of two: a partial hidden block
+        (GEMV, RAGGED, 8, 1, 3),
+        (DOT, RAGGED_WIDE, 20, 6, 2),  # 2 row blocks (rows 19..31 masked), 2 hidden blocks
+        (DOT, [16, 16, 16], 16, 17, 1),  # num_inputs over one K tile; one layer: h_top == h_0
+    ],
+)
+def test_matches_rollout_packed_at_block_edges(
+    config: object, sizes: list[int], hidden: int, num_inputs: int, layers: int
+) -> None:
+    w = weights(num_inputs, hidden, layers)
+    u = packed(sizes, num_inputs)
+    want = rollout_packed(u, sizes, *w)
+    assert float(want[0].abs().max()) > 0.5  # tanh bends
+    got = rt.TritonRollout(max_chunk=4, config=config)(u, sizes, *w)  # type: ignore[arg-type]
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("given", ["h0", "c0", "p0", "all"])
+def test_given_state_is_used(given: str) -> None:
+    sizes, hidden, layers = [5, 4, 4, 2], 8, 2
+    w = weights(2, hidden, layers, seed=3)
+    u = packed(sizes, 2, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    state = {
+        "h0": torch.randn(layers, 5, hidden, generator=gen, dtype=DTYPE).to(DEVICE),
+        "c0": torch.randn(layers, 5, hidden, generator=gen, dtype=DTYPE).to(DEVICE),
+        "p0": torch.rand(5, 2, generator=gen, dtype=DTYPE).to(DEVICE) - 0.5,
+    }
+    kwargs = state if given == "all" else {given: state[given]}
+    want = rollout_packed(u, sizes, *w, **kwargs)
+    assert not torch.allclose(want[0], rollout_packed(u, sizes, *w)[0])  # the state matters
+    roll = rt.TritonRollout(config=GEMV)
+    assert_same(roll(u, sizes, *w, **kwargs), want)
+    if given == "all":  # the workspace keeps the last call's state; a call without starts at 0
+        assert_same(roll(u, sizes, *w), rollout_packed(u, sizes, *w))
+
+
+@pytest.mark.parametrize("max_chunk", [1, 2, 4, 64])
+def test_steps_run_in_power_of_two_chunks(max_chunk: int) -> None:
+    """T + 1 steps = full chunks + the binary digits of the rest; the counter ends at T + 1."""
+    sizes, layers = [3, 3, 2, 2, 2, 1], 2  # 7 steps with the virtual last one
+    w = weights(2, 4, layers)
+    u = packed(sizes, 2)
+    roll = rt.TritonRollout(max_chunk=max_chunk, graphs=False)
+    got = roll(u, sizes, *w)
+    assert_same(got, rollout_packed(u, sizes, *w))
+    steps = len(sizes) + 1
+    chunks = {1: 7, 2: 4, 4: 3, 64: 3}[max_chunk]  # 7 = 1+1+..., 2+2+2+1, 4+2+1, 4+2+1
+    assert roll.launches == steps * layers + chunks + (layers + 1)  # + the compile step
+    assert roll.replays == 0
+    (ws,) = roll._workspaces.values()
+    assert int(ws.base.item()) == steps
+
+
+def test_one_workspace_per_bucket_and_no_stale_rows() -> None:
+    """Batches of 5 and 7 share the 8-row bucket; rows a smaller batch leaves alone are not read."""
+    w = weights(3, 8, 2, seed=6)
+    roll = rt.TritonRollout(config=GEMV)
+    big, small = [7, 7, 5, 1], [5, 3, 3]
+    u_big, u_small = packed(big, 3, seed=7), packed(small, 3, seed=8)
+    assert_same(roll(u_big, big, *w), rollout_packed(u_big, big, *w))
+    assert_same(roll(u_small, small, *w), rollout_packed(u_small, small, *w))
+    assert [s.rows for s in roll._workspaces] == [8]
+    assert roll.launches == 2 * (5 + 4) + 2 + 1 + 3  # steps * layers + advances + compile
+
+
+def test_workspace_grows_and_drops_its_graphs() -> None:
+    """More packed rows or steps than reserved: buffers grow, graphs on the old ones go."""
+    w = weights(1, 4, 1, seed=9)
+    roll = rt.TritonRollout(config=rt.KernelConfig(1, 8, 16, use_dot=False))
+    sizes = [1, 1, 1]
+    u = packed(sizes, 1, seed=10)
+    assert_same(roll(u, sizes, *w), rollout_packed(u, sizes, *w))
+    (ws,) = roll._workspaces.values()
+    rows, steps = ws.u.shape[0], ws.sched.shape[1]
+    ws.graphs[1] = object()  # type: ignore[assignment]
+    ws.reserve(rows, steps)
+    assert 1 in ws.graphs  # enough room: nothing moves
+    ws.reserve(rows + 1, steps + 1)
+    assert ws.graphs == {}
+    assert ws.u.shape[0] == ws.out.shape[0] == 2 * rows
+    assert ws.sched.shape[1] == 2 * steps
+    assert_same(roll(u, sizes, *w), rollout_packed(u, sizes, *w))
+
+
+def test_warm_up_reserves_the_bucket() -> None:
+    roll = rt.TritonRollout()
+    roll.warm_up(3, 1, 4, 2, dtype=DTYPE, device=DEVICE, rows=300, steps=200)
+    (ws,) = roll._workspaces.values()
+    assert ws.shape.rows == 4
+    assert ws.u.shape[0] >= 300
+    assert ws.sched.shape[1] >= 201
+    w = weights(2, 4, 1)
+    sizes = [4, 2]  # the same bucket: no new workspace
+    u = packed(sizes, 2)
+    assert_same(roll(u, sizes, *w), rollout_packed(u, sizes, *w))
+    assert list(roll._workspaces.values()) == [ws]
+
+
+def test_float32_matches_to_1e5() -> None:
+    sizes = [3, 3, 2, 1]
+    torch.manual_seed(11)
+    w_cat, bias, w_out, b_out = Traveller(6, 16, 2).fused_weights()
+    u = torch.randn(sum(sizes), 6)
+    want = rollout_packed(u, sizes, w_cat, bias, w_out, b_out)
+    on = [t.detach().to(DEVICE) for t in (u, *w_cat, *bias, w_out, b_out)]
+    got = rt.rollout_packed_triton(on[0], sizes, on[1:3], on[3:5], on[5], on[6])
+    for g, x in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), x, atol=1e-5, rtol=0)
+
+
+def test_bad_arguments_are_refused() -> None:
+    w = weights(2, 4, 1)
+    u = packed([2, 1], 2)
+    roll = rt.TritonRollout()
+    with pytest.raises(ValueError, match="non-increasing"):
+        roll(u, [1, 2], *w)
+    with pytest.raises(ValueError, match="sum to 2 but u has 3 rows"):
+        roll(u, [1, 1], *w)
+    with pytest.raises(ValueError, match="non-empty"):
+        roll(u[:0], [], *w)
+    with pytest.raises(ValueError, match=r"h0 must have shape \[1, 2, 4\]"):
+        roll(u, [2, 1], *w, h0=torch.zeros(1, 3, 4, dtype=DTYPE, device=DEVICE))
+    with pytest.raises(ValueError, match=r"u must be \[N, 2\]"):
+        roll(u[:, :1], [2, 1], *w)
+    with pytest.raises(ValueError, match="share dtype"):
+        roll(u.double() if DEVICE.type == "cuda" else u.float(), [2, 1], *w)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        roll(u.half(), [2, 1], *w)
+    with pytest.raises(ValueError, match="power of two"):
+        rt.TritonRollout(max_chunk=48)
+    with pytest.raises(ValueError, match="precision"):
+        rt.TritonRollout(precision="tf16")
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        rt.check_device(torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        rollout_backend_fn("triton", torch.device("cpu"))
+    rt.check_device(torch.device("cuda"))  # no error: where it is meant to run
+
+
+def test_auto_picks_triton_on_cuda() -> None:
+    assert rollout_backend_fn("auto", torch.device("cuda"))[1] == "triton"
+
+
+def test_tiles() -> None:
+    assert [rt.bucket_rows(b) for b in (1, 2, 3, 16, 17, 1000)] == [1, 2, 4, 16, 32, 1024]
+    for rows in (1, 2, 8, 16, 64, 1024):
+        for interpret in (False, True):
+            cfg = rt.kernel_config(rows, 128, interpret=interpret)
+            assert cfg.use_dot == (rows >= 16)
+            if cfg.use_dot:
+                assert min(cfg.block_b, cfg.block_h, cfg.block_k) >= 16  # tl.dot's minimum
+            assert cfg.block_b <= rows
+    assert rt.kernel_config(1024, 128).block_h == 16  # 256 programs a layer on the GPU
+
+
+def _scripted_caller(
+    u: Tensor,
+    batch_sizes: List[int],  # noqa: UP006
+    w_cat: List[Tensor],  # noqa: UP006
+    bias: List[Tensor],  # noqa: UP006
+    w_out: Tensor,
+    b_out: Tensor,
+    h0: Optional[Tensor],  # noqa: UP045
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:  # noqa: UP006
+    return torch.ops.rnnserve.rollout_triton(u, batch_sizes, w_cat, bias, w_out, b_out, h0)
+
+
+def test_custom_op_is_callable_from_torchscript() -> None:
+    op = rt.rollout_op()
+    assert rt.rollout_op() is op  # registered once
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted = torch.jit.script(_scripted_caller)
+    sizes = [2, 2, 1]
+    w_cat, bias, w_out, b_out = weights(3, 8, 2)
+    u = packed(sizes, 3)
+    h0 = torch.full((2, 2, 8), 0.1, dtype=DTYPE, device=DEVICE)
+    got = scripted(u, sizes, w_cat, bias, w_out, b_out, h0)
+    assert_same(tuple(got), rollout_packed(u, sizes, w_cat, bias, w_out, b_out, h0))
