@@ -1,0 +1,468 @@
+"""Load benchmark: rnnserve against the naive FastAPI baseline, closed loop, in one run.
+
+Usage::
+
+    python -m bench.bench_load [--quick] [--seconds S] [--repeats R] [--clients N]
+                               [--binary auto|yes|no] [--sweep] [--out docs/BENCHMARKS.md]
+
+Two servers on loopback, both up for the whole run: ``rnnserve`` with its default settings, and
+``bench/naive_server.py`` (plain FastAPI, pydantic lists, FastAPI's JSON response, the seeds' model
+code per request and per sequence, rnnserve's weights). For each workload of ``bench/load.py``
+(``/smooth`` 50-500 steps x 16, ``/rollout`` 50-500 steps x 6, ``/smooth`` 4,000 steps x 16), 64
+clients send requests back to back (``bench.load.closed_loop``) for ``--seconds`` per cell; runs are
+interleaved (every cell once, then every cell again) and each cell reports the median of its runs.
+When rnnserve answers its binary format (``Content-Type: application/x-safetensors``), its binary
+rows are measured too. The section of ``docs/BENCHMARKS.md`` between the ``bench_load`` markers
+holds the figures and the issue's targets beside them.
+
+``--sweep`` also runs the open-loop sweep (Poisson arrivals at fractions of each server's measured
+capacity), writes its data to ``docs/img/load_sweep.json`` and, where matplotlib is installed, the
+plots (``python -m bench.plot_load`` makes them from that data alone). The load generator runs on
+the same cores as the servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import httpx
+
+from bench.bench_models import DEFAULT_OUT, cpu_model, write_section
+from bench.load import (
+    WORKLOADS,
+    Body,
+    Format,
+    LoadResult,
+    Workload,
+    closed_loop,
+    loopback_url,
+    make_bodies,
+    open_loop,
+    probe_binary,
+)
+from bench.naive_server import start_naive_server
+from tests.e2e.server import Server, start_server, stop
+
+BEGIN = "<!-- bench_load:begin -->"
+END = "<!-- bench_load:end -->"
+CLIENTS = 64
+ORDER = ("smooth", "rollout", "smooth4000")
+# The issue's targets: rnnserve's requests/s over the baseline's, and p99 at most 1/15 of its.
+TARGET_SPEEDUP = {"smooth": 25.0, "rollout": 30.0, "smooth4000": 100.0}
+TARGET_P99_RATIO = 1 / 15
+BASELINE: Final = "baseline"
+RNNSERVE: Final = "rnnserve"
+ServerName = Literal["baseline", "rnnserve"]
+SWEEP_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25)
+SWEEP_DATA = Path("docs/img/load_sweep.json")
+
+
+@dataclass
+class Cell:
+    """One workload against one server in one format, over several runs."""
+
+    workload: str
+    server: ServerName
+    fmt: Format
+    runs: list[LoadResult] = field(default_factory=list)
+
+    def median(self, f: Callable[[LoadResult], float]) -> float:
+        values = [v for v in map(f, self.runs) if not math.isnan(v)]
+        return statistics.median(values) if values else math.nan
+
+    @property
+    def rps(self) -> float:
+        return self.median(lambda r: r.requests_per_s)
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.median(lambda r: r.timesteps_per_s)
+
+    def p(self, q: float) -> float:
+        return self.median(lambda r: r.p(q))
+
+    @property
+    def errors(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for r in self.runs:
+            total.update(r.errors)
+        return total
+
+    def per_batch(self, what: Literal["requests", "sequences"]) -> float:
+        def one(r: LoadResult) -> float:
+            if r.batch is None:
+                return math.nan
+            return r.batch.requests_per_batch if what == "requests" else r.batch.sequences_per_batch
+
+        return self.median(one)
+
+
+@dataclass
+class Report:
+    cells: list[Cell]
+    clients: int
+    seconds: float
+    repeats: int
+    quick: bool
+    binary: bool  # rnnserve answered the binary format, and its rows were measured
+    baseline_threads: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def cell(self, workload: str, server: ServerName, fmt: Format = "json") -> Cell | None:
+        return next(
+            (
+                c
+                for c in self.cells
+                if (c.workload, c.server, c.fmt) == (workload, server, fmt) and c.runs
+            ),
+            None,
+        )
+
+
+@contextmanager
+def servers(urls: Mapping[ServerName, str] | None = None) -> Iterator[dict[ServerName, str]]:
+    """URLs of rnnserve (default settings) and of the naive baseline, up for the whole block.
+
+    Both are started here (and stopped at the end) unless ``urls`` names running ones.
+    """
+    if urls is not None:
+        yield {RNNSERVE: loopback_url(urls[RNNSERVE]), BASELINE: loopback_url(urls[BASELINE])}
+        return
+    started: dict[ServerName, Server] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            started[RNNSERVE] = start_server(Path(tmp))
+            started[BASELINE] = start_naive_server(Path(tmp))
+            yield {name: server.url for name, server in started.items()}
+        finally:
+            for server in started.values():
+                stop(server)
+
+
+def _configs(binary: bool) -> list[tuple[ServerName, Format]]:
+    configs: list[tuple[ServerName, Format]] = [(BASELINE, "json"), (RNNSERVE, "json")]
+    return [*configs, (RNNSERVE, "binary")] if binary else configs
+
+
+def _bodies(workloads: Sequence[Workload], binary: bool) -> dict[tuple[str, Format], list[Body]]:
+    fmts: list[Format] = ["json", "binary"] if binary else ["json"]
+    return {
+        (w.name, f): make_bodies(w, 64, seed=i, fmt=f)
+        for i, w in enumerate(workloads)
+        for f in fmts
+    }
+
+
+def _detect_binary(url: str, want: str) -> bool:
+    if want == "no":
+        return False
+    ok = all(asyncio.run(probe_binary(url, WORKLOADS[w])) for w in ("smooth", "rollout"))
+    if want == "yes" and not ok:
+        raise SystemExit("bench_load: --binary yes, but rnnserve does not answer safetensors")
+    return ok
+
+
+def _baseline_threads(url: str) -> int | None:
+    threads = httpx.get(f"{url}/readyz", timeout=5).json().get("torch_threads")
+    return int(threads) if isinstance(threads, int) else None
+
+
+def run(
+    *,
+    quick: bool,
+    seconds: float,
+    repeats: int,
+    clients: int,
+    binary: str = "auto",
+    workloads: Sequence[str] = ORDER,
+    warmup_s: float = 1.0,
+    urls: Mapping[ServerName, str] | None = None,
+) -> Report:
+    """Measure every (workload, server, format) cell ``repeats`` times, interleaved."""
+    chosen = [WORKLOADS[w] for w in workloads]
+    with servers(urls) as up:
+        has_binary = _detect_binary(up[RNNSERVE], binary)
+        bodies = _bodies(chosen, has_binary)
+        report = Report([], clients, seconds, repeats, quick, has_binary)
+        report.baseline_threads = _baseline_threads(up[BASELINE])
+        cells = {
+            (w.name, s, f): Cell(w.name, s, f) for w in chosen for s, f in _configs(has_binary)
+        }
+        report.cells = list(cells.values())
+        for rep in range(repeats):
+            for w in chosen:
+                for server, fmt in _configs(has_binary):
+                    url, data = up[server], bodies[w.name, fmt]
+                    if rep == 0:  # connections, first calls, allocator: not timed
+                        asyncio.run(
+                            closed_loop(url, w, data, clients=clients, seconds=warmup_s,
+                                        max_requests=clients, fmt=fmt)
+                        )  # fmt: skip
+                    result = asyncio.run(
+                        closed_loop(url, w, data, clients=clients, seconds=seconds,
+                                    max_requests=1_000_000, fmt=fmt)
+                    )  # fmt: skip
+                    cells[w.name, server, fmt].runs.append(result)
+                    print(
+                        f"bench_load: {w.name} {server} {fmt} run {rep + 1}/{repeats}: "
+                        f"{result.requests_per_s:,.1f} requests/s, p99 "
+                        f"{result.p(99) * 1e3:,.0f} ms, errors {dict(result.errors) or 0}",
+                        file=sys.stderr,
+                    )
+    return report
+
+
+# -- the open-loop sweep (data for bench.plot_load) ------------------------------------------------
+
+
+def sweep_points(
+    url: str,
+    w: Workload,
+    data: Sequence[Body],
+    fmt: Format,
+    *,
+    clients: int,
+    seconds: float,
+    fractions: Sequence[float],
+    max_outstanding: int = 256,
+) -> tuple[float, list[dict[str, Any]]]:
+    """Capacity (closed loop, ``clients``), then open loops at ``fractions`` of it."""
+    asyncio.run(
+        closed_loop(url, w, data, clients=clients, seconds=1.0, max_requests=clients, fmt=fmt)
+    )
+    capacity = asyncio.run(
+        closed_loop(url, w, data, clients=clients, seconds=seconds, fmt=fmt)
+    ).requests_per_s
+    points = []
+    for i, frac in enumerate(fractions):
+        rate = max(frac * capacity, 0.1)
+        # enough arrivals at low rates to read a p99 from, within 4x the time
+        span = min(max(seconds, 30.0 / rate), 4 * seconds)
+        r = asyncio.run(
+            open_loop(url, w, data, rate=rate, seconds=span, max_outstanding=max_outstanding,
+                      seed=i, fmt=fmt)
+        )  # fmt: skip
+        points.append({**r.summary(), "fraction": frac, "offered_per_s": rate})
+    return capacity, points
+
+
+def sweep(
+    *,
+    seconds: float,
+    clients: int,
+    binary: str = "auto",
+    workloads: Sequence[str] = ORDER,
+    fractions: Sequence[float] = SWEEP_FRACTIONS,
+    urls: Mapping[ServerName, str] | None = None,
+) -> dict[str, Any]:
+    """p50/p99 against offered load for every (workload, server, format); JSON-able."""
+    chosen = [WORKLOADS[w] for w in workloads]
+    series = []
+    with servers(urls) as up:
+        has_binary = _detect_binary(up[RNNSERVE], binary)
+        bodies = _bodies(chosen, has_binary)
+        for w in chosen:
+            for server, fmt in _configs(has_binary):
+                capacity, points = sweep_points(
+                    up[server], w, bodies[w.name, fmt], fmt,
+                    clients=clients, seconds=seconds, fractions=fractions,
+                )  # fmt: skip
+                series.append(
+                    {"workload": w.name, "title": w.describe(), "server": server, "format": fmt,
+                     "capacity_per_s": capacity, "points": points}
+                )  # fmt: skip
+                print(f"bench_load: swept {w.name} {server} {fmt}", file=sys.stderr)
+    return {
+        "machine": f"{cpu_model()}, {os.cpu_count()} logical CPUs",
+        "date": f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
+        "seconds_per_point": seconds,
+        "series": series,
+    }
+
+
+# -- the markdown section --------------------------------------------------------------------------
+
+
+def _ms(seconds: float) -> str:
+    return "–" if math.isnan(seconds) else f"{seconds * 1e3:,.1f}"
+
+
+def _num(x: float, digits: int = 1) -> str:
+    return "–" if math.isnan(x) else f"{x:,.{digits}f}"
+
+
+def _label(server: ServerName, fmt: Format) -> str:
+    return "naive FastAPI (baseline)" if server == BASELINE else f"rnnserve, {fmt}"
+
+
+def _target_rows(report: Report, fmt: Format) -> list[str]:
+    rows = []
+    for w in ORDER:
+        base, ours = report.cell(w, BASELINE), report.cell(w, RNNSERVE, fmt)
+        if base is None or ours is None:
+            continue
+        speedup = ours.rps / base.rps if base.rps > 0 else math.nan
+        p99_ratio = ours.p(99) / base.p(99) if base.p(99) > 0 else math.nan
+        inverse = 1 / p99_ratio if p99_ratio > 0 else math.nan
+        met_speed = speedup >= TARGET_SPEEDUP[w]
+        met_p99 = p99_ratio <= TARGET_P99_RATIO
+        met = "yes" if met_speed and met_p99 else "no"
+        rows.append(
+            f"| {WORKLOADS[w].describe()} | {fmt} | **{_num(speedup)}×** | "
+            f"≥ {TARGET_SPEEDUP[w]:.0f}× | **1/{_num(inverse)}** | ≤ 1/15 | {met} |"
+        )
+    return rows
+
+
+def render(report: Report, plots: dict[str, str] | None = None) -> str:
+    """The ``bench_load`` section; ``plots`` maps workload -> image path relative to the doc."""
+    threads = (
+        f"{report.baseline_threads} torch threads (torch's default)"
+        if report.baseline_threads is not None
+        else "torch's default threads"
+    )
+    lines = [
+        BEGIN,
+        "## Load: rnnserve against a naive FastAPI endpoint (`python -m bench.bench_load`)",
+        "",
+        f"Mode: {'quick' if report.quick else 'full'}; {cpu_model()}, {os.cpu_count()} logical "
+        f"CPUs; {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC. Closed loop: {report.clients} "
+        f"clients send requests back to back for {report.seconds:g} s per cell; cells are run "
+        f"interleaved and each figure is the median of {report.repeats} run(s). Request bodies "
+        "are built before timing; latencies are of answered (200) requests. **The load "
+        "generator (`bench/load.py`, asyncio + aiohttp) runs on the same cores as the server.** "
+        "rnnserve runs with its default settings (dynamic batching, one torch thread in its "
+        "model worker). The baseline, `bench/naive_server.py`, is what one writes without "
+        "rnnserve: plain FastAPI, a pydantic body of `list[list[list[float]]]`, FastAPI's "
+        "default JSON response, and the seeds' model code run per request and per sequence (a "
+        "Python loop over steps for the smoother; `nn.LSTM` called once per step for the "
+        f"Traveller) with rnnserve's weights, in FastAPI's thread pool with {threads}. Batch "
+        "sizes are read from rnnserve's `/metrics` (the baseline has none).",
+        "",
+        "| workload | server | requests/s | timesteps/s | p50 ms | p90 ms | p99 ms | errors "
+        "| requests/batch | sequences/batch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in report.cells:
+        if not c.runs:
+            continue
+        errors = ", ".join(f"{k}: {v}" for k, v in sorted(c.errors.items())) or "0"
+        lines.append(
+            f"| {WORKLOADS[c.workload].describe()} | {_label(c.server, c.fmt)} | "
+            f"{_num(c.rps)} | {_num(c.steps_per_s, 0)} | {_ms(c.p(50))} | {_ms(c.p(90))} | "
+            f"{_ms(c.p(99))} | {errors} | {_num(c.per_batch('requests'))} | "
+            f"{_num(c.per_batch('sequences'))} |"
+        )
+    lines += [
+        "",
+        "### Against the targets",
+        "",
+        "rnnserve's requests/s over the baseline's, and its p99 latency as a fraction of the "
+        "baseline's, under the same closed-loop load.",
+        "",
+        "| workload | rnnserve format | requests/s × baseline | target | p99 vs baseline | "
+        "target | met |",
+        "|---|---|---|---|---|---|---|",
+        *_target_rows(report, "json"),
+        *(_target_rows(report, "binary") if report.binary else []),
+    ]
+    if not report.binary:
+        lines += [
+            "",
+            "rnnserve did not answer the binary format (`application/x-safetensors`) in this "
+            "run, so only JSON was measured.",
+        ]
+    lines += ["", "### Latency against offered load", ""]
+    if plots:
+        lines += [
+            "Open loop: Poisson arrivals at fractions of each server's closed-loop capacity "
+            "(at most 256 requests in flight; arrivals beyond that are dropped), latency "
+            "measured from each request's scheduled arrival. Made by "
+            "`python -m bench.plot_load --out docs/img/`.",
+            "",
+        ]
+        for w, path in plots.items():
+            lines += [f"![{WORKLOADS[w].describe()}]({path})", ""]
+        lines.pop()
+    else:
+        lines.append(
+            "No plots in this run: `python -m bench.plot_load --out docs/img/` measures the "
+            "open-loop sweep and draws them (needs matplotlib, the `bench` extra)."
+        )
+    lines += [*(["", *report.notes] if report.notes else []), END, ""]
+    return "\n".join(lines)
+
+
+def existing_plots(out: Path, img_dir: Path) -> dict[str, str]:
+    """Workload -> the plot's path relative to ``out``, for the plots that exist."""
+    found = {}
+    for w in ORDER:
+        png = img_dir / f"load_{w}.png"
+        if png.is_file():
+            found[w] = Path(os.path.relpath(png, out.parent)).as_posix()
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="a few seconds (a smoke test)")
+    parser.add_argument("--seconds", type=float, default=None, help="load time per cell and run")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per cell (median)")
+    parser.add_argument("--clients", type=int, default=None, help="closed-loop clients")
+    parser.add_argument("--workloads", nargs="+", choices=ORDER, default=list(ORDER))
+    parser.add_argument(
+        "--binary", choices=("auto", "yes", "no"), default="auto",
+        help="also measure rnnserve's safetensors format (auto: when the server answers it)",
+    )  # fmt: skip
+    parser.add_argument("--sweep", action="store_true", help="also the open-loop sweep + plots")
+    parser.add_argument("--rnnserve-url", help="a running rnnserve to load instead of starting one")
+    parser.add_argument("--baseline-url", help="a running naive baseline (with --rnnserve-url)")
+    parser.add_argument("--img-dir", type=Path, default=SWEEP_DATA.parent, help="plots folder")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file to write")
+    args = parser.parse_args(argv)
+    if (args.rnnserve_url is None) != (args.baseline_url is None):
+        parser.error("--rnnserve-url and --baseline-url go together")
+    urls: dict[ServerName, str] | None = (
+        {RNNSERVE: args.rnnserve_url, BASELINE: args.baseline_url} if args.rnnserve_url else None
+    )
+    seconds = args.seconds if args.seconds is not None else (1.0 if args.quick else 15.0)
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 2)
+    clients = args.clients if args.clients is not None else (8 if args.quick else CLIENTS)
+    report = run(
+        quick=args.quick, seconds=seconds, repeats=repeats, clients=clients,
+        binary=args.binary, workloads=args.workloads, warmup_s=0.5 if args.quick else 1.0,
+        urls=urls,
+    )  # fmt: skip
+    if args.sweep:
+        data = sweep(seconds=seconds, clients=clients, binary=args.binary,
+                     workloads=args.workloads, urls=urls)  # fmt: skip
+        args.img_dir.mkdir(parents=True, exist_ok=True)
+        (args.img_dir / "load_sweep.json").write_text(json.dumps(data, indent=1) + "\n")
+        from bench.plot_load import plot
+
+        try:
+            plot(data, args.img_dir)
+        except ImportError as exc:  # matplotlib is in the `bench` extra only
+            report.notes.append(f"Sweep measured; plots not drawn ({exc}).")
+    section = render(report, existing_plots(args.out, args.img_dir))
+    write_section(args.out, section, BEGIN, END)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
