@@ -32,7 +32,11 @@ def start_server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) 
         [str(exe), "--port", str(port), *args],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
+        # only the settings a test names: none leak in from the caller's RNNSERVE_* variables
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("RNNSERVE_")},
+            **(env or {}),
+        },
         cwd=tmp_path,
     )
     url = f"http://127.0.0.1:{port}"

@@ -84,6 +84,14 @@ def test_64_concurrent_rollout_clients(server: Server) -> None:
     assert batches < served, "every batch held a single request: nothing was batched"
 
 
+def test_binds_loopback_by_default(server: Server) -> None:
+    # started without --host: uvicorn's start-up line names the address it bound
+    port = server.url.rsplit(":", 1)[1]
+    log = server.log.read_text()
+    assert f"Uvicorn running on http://127.0.0.1:{port}" in log, log
+    assert "0.0.0.0" not in log
+
+
 def test_bad_input_does_not_hurt_the_process(server: Server) -> None:
     r = httpx.post(f"{server.url}/rollout", content=b'{"inputs": [[[1, 2, NaN]]]}')
     assert r.status_code == 422

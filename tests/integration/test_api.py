@@ -75,17 +75,55 @@ async def test_rollout_matches_seed_loop(client: httpx.AsyncClient) -> None:
         np.testing.assert_allclose(np.array(y), ref.numpy(), atol=1e-5)
 
 
+def _smooth_ref(model: torch.nn.Module, seq: np.ndarray) -> np.ndarray:
+    alpha, wx = model.alpha_smooth.detach().numpy(), model.wx.detach().numpy()
+    return smoother_reference(seq, alpha, wx)
+
+
+def _rollout_ref(model: torch.nn.Module, seq: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        ref = seed_rollout(model.lstm_layers, model.output_layer, model.activation,
+                           torch.from_numpy(seq)[:, None, :])  # fmt: skip
+    return ref.numpy()
+
+
 async def test_concurrent_requests_are_batched(app_client: AppClient) -> None:
+    rng = np.random.default_rng(5)
+    # distinct values and lengths per caller: a mixed-up split cannot pass by shape alone
+    seqs = [rng.standard_normal((i % 7 + 1, 16)).astype(np.float32) for i in range(24)]
     async with app_client(max_delay_ms=50.0) as (_, client):
-        bodies = [{"sequences": [[[float(i)] * 16] * (i % 7 + 1)]} for i in range(24)]
-        rs = await asyncio.gather(*(client.post("/smooth", json=b) for b in bodies))
+        rs = await asyncio.gather(
+            *(client.post("/smooth", json={"sequences": [s.tolist()]}) for s in seqs)
+        )
         assert all(r.status_code == 200 for r in rs)
-        for b, r in zip(bodies, rs, strict=True):
-            assert len(r.json()["sequences"][0]) == len(b["sequences"][0])
         text = (await client.get("/metrics")).text
+    model = models.load("smoother")
+    for s, r in zip(seqs, rs, strict=True):
+        (y,) = r.json()["sequences"]
+        np.testing.assert_allclose(np.array(y), _smooth_ref(model, s), atol=1e-5)
     assert value(text, "rnnserve_batch_requests_sum", model="smoother") == 24
     # some batch held more than one request
     assert value(text, "rnnserve_batch_requests_count", model="smoother") < 24
+
+
+async def test_concurrent_multi_sequence_rollouts_get_their_own_positions(
+    app_client: AppClient,
+) -> None:
+    rng = np.random.default_rng(6)
+    requests = [
+        [rng.standard_normal((int(n), 6)).astype(np.float32) for n in rng.integers(1, 9, k)]
+        for k in (3, 1, 2, 4, 1, 2)
+    ]
+    async with app_client(max_delay_ms=50.0) as (_, client):
+        bodies = [{"inputs": [s.tolist() for s in req]} for req in requests]
+        rs = await asyncio.gather(*(client.post("/rollout", json=b) for b in bodies))
+    model = models.load("traveller", rollout_backend="eager")
+    for req, r in zip(requests, rs, strict=True):
+        assert r.status_code == 200, r.text
+        positions = r.json()["positions"]
+        assert len(positions) == len(req)
+        for s, y in zip(req, positions, strict=True):
+            np.testing.assert_allclose(np.array(y), _rollout_ref(model, s), atol=1e-5)
 
 
 def _steps(n: int, row: list[float]) -> list[list[float]]:
@@ -251,22 +289,86 @@ async def test_limits_give_413(app_client: AppClient) -> None:
     }
 
 
-async def test_model_failure_is_a_500_for_that_batch_only(
-    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _fail_on_steps(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
+    """Make the model fail for any batch of exactly ``steps`` timesteps."""
     real = service.runtime.run_model
 
     def flaky(module: torch.nn.Module, packed: Any) -> Any:
-        if packed.data.shape[0] == 3:  # the poisoned request has 3 steps
+        if packed.data.shape[0] == steps:
             raise RuntimeError("simulated device failure")
         return real(module, packed)
 
     monkeypatch.setattr(service.runtime, "run_model", flaky)
-    r = await client.post("/smooth", json={"sequences": [_steps(3, ROW16)]})
+
+
+async def test_model_failure_is_a_500_for_that_batch_only(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fail_on_steps(monkeypatch, 3)  # the poisoned request has 3 steps
+    r = await asyncio.wait_for(client.post("/smooth", json={"sequences": [_steps(3, ROW16)]}), 10)
     assert r.status_code == 500
     assert r.json()["type"] == "internal"
-    r = await client.post("/smooth", json={"sequences": [_steps(2, ROW16)]})
+    r = await asyncio.wait_for(client.post("/smooth", json={"sequences": [_steps(2, ROW16)]}), 10)
     assert r.status_code == 200
+    text = (await client.get("/metrics")).text
+    assert value(text, "rnnserve_batch_failures_total", model="smoother") == 1
+    codes = {
+        s.labels["code"]: s.value
+        for s in samples(text, "rnnserve_request_duration_seconds_count")
+        if s.labels["endpoint"] == "smooth"
+    }
+    assert codes == {"500": 1, "200": 1}
+
+
+async def test_every_caller_of_a_failing_batch_gets_the_error(
+    app_client: AppClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with app_client(max_delay_ms=200.0, max_batch_size=2) as (_, client):
+        _fail_on_steps(monkeypatch, 3)  # 1 + 2 steps: only the two requests together fail
+        both = asyncio.gather(
+            client.post("/smooth", json={"sequences": [_steps(1, ROW16)]}),
+            client.post("/smooth", json={"sequences": [_steps(2, ROW16)]}),
+        )
+        rs = await asyncio.wait_for(both, 10)  # a stranded caller fails here, fast
+        assert [r.status_code for r in rs] == [500, 500]
+        assert all(r.json()["type"] == "internal" for r in rs)
+        text = (await client.get("/metrics")).text
+    assert value(text, "rnnserve_batch_failures_total", model="smoother") == 1
+    assert value(text, "rnnserve_batch_requests_sum", model="smoother") == 2
+    assert value(text, "rnnserve_requests_in_flight", endpoint="smooth") == 0
+
+
+async def test_batch_metrics_count_what_ran(app_client: AppClient) -> None:
+    async with app_client(max_delay_ms=5.0) as (_, client):
+        # one request at a time, so each is a batch of its own: (sequences, timesteps)
+        for lengths in ([2, 4, 1], [5], [3, 3]):
+            body = {"sequences": [_steps(n, ROW16) for n in lengths]}
+            assert (await client.post("/smooth", json=body)).status_code == 200
+        text = (await client.get("/metrics")).text
+
+    def v(name: str, **labels: str) -> float:
+        return value(text, name, model="smoother", **labels)
+
+    assert v("rnnserve_batch_requests_count") == 3
+    assert v("rnnserve_batch_requests_sum") == 3
+    assert v("rnnserve_batch_sequences_count") == 3
+    assert v("rnnserve_batch_sequences_sum") == 6  # 3 + 1 + 2
+    buckets = {le: v("rnnserve_batch_sequences_bucket", le=le) for le in ("1.0", "2.0", "4.0")}
+    assert buckets == {"1.0": 1, "2.0": 2, "4.0": 3}
+    assert v("rnnserve_batch_timesteps_sum") == 18  # 7 + 5 + 6
+    assert v("rnnserve_batch_active_fraction_sum") == pytest.approx(7 / 12 + 1 + 1)
+    assert v("rnnserve_batch_failures_total") == 0
+    assert v("rnnserve_queue_depth") == 0
+    assert v("rnnserve_queue_wait_seconds_count") == 3
+    assert v("rnnserve_batch_compute_seconds_count") == 3
+    # alone in its batch, each request waited out the whole delay; ratios, not wall time
+    waited = v("rnnserve_queue_wait_seconds_sum")
+    assert waited >= 3 * 0.005
+    durations = value(text, "rnnserve_request_duration_seconds_sum", endpoint="smooth")
+    assert waited + v("rnnserve_batch_compute_seconds_sum") < durations
+    assert value(text, "rnnserve_request_duration_seconds_count", endpoint="smooth",
+                 model="smoother", code="200") == 3  # fmt: skip
+    assert value(text, "rnnserve_requests_in_flight", endpoint="smooth") == 0
 
 
 async def test_metrics_exposition(client: httpx.AsyncClient) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -63,6 +64,43 @@ async def test_partial_batch_runs_after_the_delay() -> None:
     await b.close()
 
 
+async def test_a_partial_batch_runs_at_its_delay_not_later() -> None:
+    delay = 0.2
+    handler = Recorder()
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=100, max_delay_s=delay)
+    b.start()
+    started = time.monotonic()
+    assert await asyncio.wait_for(b.submit(1), 20 * delay) == 10
+    waited = time.monotonic() - started
+    # ratios of the configured delay only: it waited for company, then not much longer
+    assert waited >= delay
+    assert waited < 3 * delay, f"a partial batch waited {waited / delay:.1f}x max_delay"
+    await b.close()
+
+
+async def test_the_delay_counts_from_the_first_item_not_the_last() -> None:
+    delay = 0.3
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=100, max_delay_s=delay)
+    b.start()
+    blocker = asyncio.ensure_future(b.submit(0))
+    await asyncio.wait_for(handler.entered.wait(), 20 * delay)
+    started = time.monotonic()
+    first = asyncio.ensure_future(b.submit(1))  # both queue behind the running batch
+    await asyncio.sleep(0.9 * delay)
+    second = asyncio.ensure_future(b.submit(2))
+    await asyncio.sleep(0)
+    handler.release.set()
+    assert await asyncio.wait_for(first, 20 * delay) == 10
+    waited = time.monotonic() - started
+    assert await asyncio.wait_for(asyncio.gather(blocker, second), 20 * delay) == [0, 20]
+    assert handler.batches == [[0], [1, 2]]
+    # a deadline taken from the second item would end near 1.9x the delay
+    assert waited < 1.5 * delay, f"the batch ran {waited / delay:.2f}x max_delay after the first"
+    await b.close()
+
+
 async def test_requests_wait_while_a_batch_runs_and_then_batch_together() -> None:
     handler = Recorder()
     handler.release.clear()
@@ -118,10 +156,15 @@ async def test_a_failing_batch_fails_only_its_callers() -> None:
         handler, max_batch_size=2, max_delay_s=0.01, observer=observer
     )
     b.start()
-    bad = await asyncio.gather(b.submit(13), b.submit(14), return_exceptions=True)
+    # bounded waits: a caller stranded by the failure must fail this test fast, not hang it
+    bad = await asyncio.wait_for(
+        asyncio.gather(b.submit(13), b.submit(14), return_exceptions=True), 5
+    )
+    assert [str(r) for r in bad] == ["boom", "boom"]
     assert all(isinstance(r, RuntimeError) for r in bad)
-    good = await asyncio.gather(b.submit(1), b.submit(2))
+    good = await asyncio.wait_for(asyncio.gather(b.submit(1), b.submit(2)), 5)
     assert good == [1, 2]
+    assert calls == 2
     assert [o["ok"] for o in observer.batches] == [False, True]
     await b.close()
 
@@ -132,8 +175,12 @@ async def test_wrong_number_of_results_fails_the_batch() -> None:
 
     b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=2, max_delay_s=0.01)
     b.start()
-    out = await asyncio.gather(b.submit(1), b.submit(2), return_exceptions=True)
+    out = await asyncio.wait_for(
+        asyncio.gather(b.submit(1), b.submit(2), return_exceptions=True), 5
+    )
+    assert len(out) == 2
     assert all(isinstance(r, HandlerResultMismatch) for r in out)
+    assert "1 results for 2 items" in str(out[0])
     await b.close()
 
 
