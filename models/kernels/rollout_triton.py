@@ -51,6 +51,7 @@ __all__ = [
     "kernel_config",
     "rollout_op",
     "rollout_packed_triton",
+    "warm_up",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -647,6 +648,28 @@ def _check_sizes(batch_sizes: Sequence[int] | Tensor, u: Tensor) -> list[int]:
 
 
 _DEFAULT = TritonRollout()
+
+
+def warm_up(
+    max_batch: int,
+    layers: int,
+    hidden: int,
+    num_inputs: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cuda",
+    max_steps: int = 1024,
+) -> None:
+    """Compile and capture, for :func:`rollout_packed_triton`, every bucket up to ``max_batch``.
+
+    For a server's start-up: without it the first batch of each new bucket pays the kernels'
+    compilation (seconds, once per process) and the graphs' capture (milliseconds per chunk).
+    """
+    for rows in (1 << i for i in range(bucket_rows(max_batch).bit_length())):
+        _DEFAULT.warm_up(
+            rows, layers, hidden, num_inputs, dtype=dtype, device=device,
+            rows=rows * max_steps, steps=max_steps,
+        )  # fmt: skip
 
 
 def rollout_packed_triton(

@@ -1,13 +1,15 @@
 """The Triton rollout on CUDA: against the CPU TorchScript path, graphs against plain launches.
 
 Shapes are the issue's: B=1 T=1000, B=64 T=500, B=1024 T=200 (num_inputs 6, hidden 128, two
-layers), with equal and ragged lengths. ``pytest tests/gpu -s`` also prints µs per step.
+layers), with equal and ragged lengths. The speed report and tf32x3's error come out as warnings
+(in pytest's summary, even with -q).
 """
 
 from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -150,12 +152,12 @@ def test_warm_up_captures_every_chunk() -> None:
 
 
 def test_tf32x3_error_is_reported() -> None:
-    """tl.dot on tensor cores in three TF32 passes; prints its error (it may replace "ieee" for
+    """tl.dot on tensor cores in three TF32 passes; reports its error (it may replace "ieee" for
     large batches if it holds 1e-5 here; plain TF32 would not)."""
     roll = rt.TritonRollout(precision="tf32x3")
     want, got = cpu_and_cuda(served(), inputs(1024, 200, ragged=True, seed=6), roll)
     errs = [float((g - w).abs().max()) for g, w in zip(got, want, strict=True)]
-    print(f"\ntf32x3 B=1024 T=200: max error positions/h/c/p = {errs}")
+    warnings.warn(f"tf32x3 B=1024 T=200: max error positions/h/c/p = {errs}", stacklevel=1)
     assert max(errs) < 1e-3
 
 
@@ -192,4 +194,4 @@ def test_speed_report() -> None:
                 seconds = _time(functools.partial(fn, *args))
                 cells.append(f"{name} {seconds / steps * 1e6:7.1f}")
         lines.append(f"B={batch:<5} T={steps:<5} µs/step: " + " | ".join(cells))
-    print("\n" + "\n".join(lines))
+    warnings.warn("triton rollout speed:\n" + "\n".join(lines), stacklevel=1)  # shown with -q

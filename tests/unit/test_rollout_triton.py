@@ -165,6 +165,13 @@ def test_warm_up_reserves_the_bucket() -> None:
     assert list(roll._workspaces.values()) == [ws]
 
 
+def test_module_warm_up_covers_every_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = rt.TritonRollout()
+    monkeypatch.setattr(rt, "_DEFAULT", shared)
+    rt.warm_up(5, 1, 4, 2, dtype=DTYPE, device=DEVICE, max_steps=10)
+    assert sorted(s.rows for s in shared._workspaces) == [1, 2, 4, 8]
+
+
 def test_float32_matches_to_1e5() -> None:
     sizes = [3, 3, 2, 1]
     torch.manual_seed(11)
