@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from service import wire
 from service.batching import BatcherClosed, QueueFull
 from service.metrics import CONTENT_TYPE, Metrics
 from service.runtime import ModelRuntime, UnknownModel
@@ -50,7 +51,11 @@ def _body_spec(schema: type[BaseModel]) -> dict[str, Any]:
     return {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": schema.model_json_schema()}},
+            "content": {
+                "application/json": {"schema": schema.model_json_schema()},
+                # the binary format (docs/WIRE.md): tensors <field> and lengths, metadata model
+                wire.SAFETENSORS: {"schema": {"type": "string", "format": "binary"}},
+            },
         }
     }
 
@@ -146,7 +151,16 @@ async def _infer(
         if not state.ready:
             raise RequestError(503, "not_ready", "the server is starting or shutting down")
         body = await _read_body(request, settings.max_request_bytes)
-        name, sequences = parse_body(body, schema, field)
+        limits = Limits(
+            settings.max_sequences_per_request,
+            settings.max_sequence_length,
+            settings.max_request_timesteps,
+        )
+        decoded = wire.decode(body, request.headers.get("content-type"), field, limits)
+        if decoded is None:  # off the JSON fast path: the precise parser says what is wrong
+            name, sequences = parse_body(body, schema, field)
+        else:
+            name = decoded.model
         name = name or kind
         try:
             served = runtime.get(name)
@@ -159,20 +173,22 @@ async def _infer(
                 422, "wrong_model_kind",
                 f"model '{name}' is a {served.kind} model; send it to POST {other}", ("model",),
             )  # fmt: skip
-        limits = Limits(
-            settings.max_sequences_per_request,
-            settings.max_sequence_length,
-            settings.max_request_timesteps,
-        )
-        arrays = to_arrays(sequences, field, served.input_dim, limits, name)
+        if decoded is None:
+            sequences = to_arrays(sequences, field, served.input_dim, limits, name)
+        else:
+            sequences = decoded.sequences(served.input_dim, name)
         try:
-            outputs = await runtime.infer(name, arrays)
+            outputs = await runtime.infer(name, sequences)
         except QueueFull as exc:
             raise RequestError(503, "queue_full", str(exc)) from None
         except BatcherClosed as exc:
             raise RequestError(503, "shutting_down", str(exc)) from None
         code = 200
-        return json_response({"model": name, out_field: outputs})
+        binary = wire.wants_safetensors(request.headers.get("accept"))
+        return Response(
+            wire.encode(name, out_field, outputs, binary),
+            media_type=wire.SAFETENSORS if binary else wire.JSON,
+        )
     except RequestError as exc:
         code = exc.status
         metrics.rejected.labels(endpoint, exc.type).inc()

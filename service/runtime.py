@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 import models
-from models.packing import active_fraction, pack, unpack
+from models.packing import FlatSequences, active_fraction, pack_flat, plan, unpack_flat
 from models.smoothing import LinearRecursion
 from models.traveller import Traveller
 from service.batching import DynamicBatcher
@@ -35,8 +35,8 @@ from service.stepping import ChunkedRollout, Piece
 
 log = logging.getLogger(__name__)
 
-# One request's sequences in, one request's outputs out.
-Item = list[np.ndarray]
+# One request's sequences in ([sum T_i, input_dim] rows + lengths), its outputs out.
+Item = FlatSequences
 
 
 class UnknownModel(LookupError):
@@ -168,11 +168,11 @@ class ModelRuntime:
         rng = np.random.default_rng(0)
         # a few batches of mixed lengths: compiles numba, lets TorchScript profile and optimise
         for lengths in ((3,), (5, 2), (7, 7, 1), (4,)):
-            batch = [[rng.standard_normal((n, dim), np.float32) for n in lengths]]
-            self._compute(name, module, batch, record=False)
+            arrays = [rng.standard_normal((n, dim), np.float32) for n in lengths]
+            self._compute(name, module, [FlatSequences.from_arrays(arrays)], record=False)
             if isinstance(module, Traveller):
                 chunked = ChunkedRollout(module, self.device, 2)
-                chunked.advance([(0, batch[0])], [])  # the resumable path too
+                chunked.advance([(0, arrays)], [])  # the resumable path too
                 while chunked.running_sequences:
                     chunked.advance([], [])
         log.info("loaded and warmed %s in %.2f s", name, time.perf_counter() - started)
@@ -188,13 +188,16 @@ class ModelRuntime:
                 joins: list[tuple[int, Item]], leaves: list[int]
             ) -> ChunkOutcome[Item]:
                 loop = asyncio.get_running_loop()
+                # own copies: a binary request's rows are read-only views of its body
+                lists = [(key, [a.copy() for a in item]) for key, item in joins]
                 done, progress, steps = await loop.run_in_executor(
-                    executor, chunked.advance, joins, leaves
+                    executor, chunked.advance, lists, leaves
                 )
                 if self.metrics is not None and steps:
                     fraction = self.metrics.batch_active_fraction.labels(name)
                     fraction.observe(chunked.last_active_fraction)
-                return ChunkOutcome(done, progress, steps)
+                flat = {key: FlatSequences.from_arrays(out, 2) for key, out in done.items()}
+                return ChunkOutcome(flat, progress, steps)
 
             batcher = ContinuousBatcher(
                 advance,
@@ -246,29 +249,35 @@ class ModelRuntime:
             sequences, size=len(sequences), cost=sum(len(s) for s in sequences)
         )
 
-    async def infer(self, name: str, sequences: Item) -> Item:
-        """Run ``sequences`` (``[T_i, input_dim]`` float32 arrays) through model ``name``."""
+    async def infer(self, name: str, sequences: Item | list[np.ndarray]) -> Item:
+        """Run ``sequences`` (float32, ``input_dim`` wide) through model ``name``."""
         served = self.get(name)
-        return await served.batcher.submit(
-            sequences, size=len(sequences), cost=sum(len(s) for s in sequences)
-        )
+        if not isinstance(sequences, FlatSequences):
+            sequences = FlatSequences.from_arrays(sequences, served.input_dim)
+        return await served.batcher.submit(sequences, size=len(sequences), cost=sequences.total)
 
     def _compute(
         self, name: str, module: nn.Module, items: Sequence[Item], record: bool = True
     ) -> list[Item]:
-        """Runs on the worker thread: pack every sequence of every item, run once, split."""
-        flat = [torch.from_numpy(a) for item in items for a in item]
+        """Runs on the worker thread: pack every sequence of every item, run once, split.
+
+        Rows go straight from each request's flat array to their packed rows, and back to one
+        flat output array in request order, each in one pass (no padding).
+        """
+        lengths = np.concatenate([item.lengths for item in items])
+        layout = plan(lengths)
         with torch.inference_mode():
-            out = run_model(module, pack(flat, self.device))
-            outputs = unpack(out.cpu())
+            packed = pack_flat([item.data for item in items], lengths, self.device, layout)
+            out = run_model(module, packed)
+            flat = unpack_flat(out.cpu(), lengths, layout).numpy()  # [sum T, out_dim]
         if record and self.metrics is not None:
-            frac = active_fraction([len(t) for t in flat])
+            frac = active_fraction(lengths)
             self.metrics.batch_active_fraction.labels(name).observe(frac)
         results: list[Item] = []
-        pos = 0
+        row = 0
         for item in items:
-            results.append([o.numpy() for o in outputs[pos : pos + len(item)]])
-            pos += len(item)
+            results.append(FlatSequences(flat[row : row + item.total], item.lengths))
+            row += item.total
         return results
 
 

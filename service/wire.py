@@ -1,0 +1,887 @@
+"""Request and response bodies <-> float32 arrays, for JSON and the safetensors binary format.
+
+A request's sequences arrive as one :class:`~models.packing.FlatSequences`: a ``[sum T_i, F]``
+float32 array and the lengths. No Python object is made per number.
+
+JSON (the default) has a fast path: a compiled scanner over the body bytes that accepts only
+the happy path, ``{"<field>": [[[num, ...], ...], ...], "model": "<plain string>" | null}`` in
+any key order with any JSON whitespace, one width F >= 1 for every step, every list non-empty.
+Numbers are parsed to float64 exactly as Python's ``float()`` does (Clinger's fast path, then
+Eisel-Lemire; numbers of more than 19 significant digits go through ``float()`` itself) and
+cast to float32 as ``np.array(..., dtype=np.float32)`` does. Anything else (unknown or
+duplicate keys, escapes, a string or ``null`` where a number belongs, ragged widths, empty
+lists, invalid JSON, numbers near or past float64's range) makes :func:`decode` return
+``None``, and the caller takes the precise path (:mod:`service.validation`), which says what
+is wrong and where. So the fast path changes speed, never answers.
+
+The binary format is a safetensors file (``Content-Type: application/x-safetensors``) with
+tensors ``<field>`` float32 ``[sum T_i, F]`` and ``lengths`` int64 ``[N]`` and optional
+metadata ``model``; responses use the same layout (``sequences`` or ``positions``) when the
+request's ``Accept`` header asks for ``application/x-safetensors``. See docs/WIRE.md.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+import orjson
+
+from models.packing import FlatSequences
+from service.validation import Limits, RequestError
+
+SAFETENSORS = "application/x-safetensors"
+JSON = "application/json"
+
+# -- the compiled JSON scanner -----------------------------------------------------------------
+
+_U64 = np.uint64
+_MASK32 = _U64(0xFFFFFFFF)
+_MAX_EXP = 1_000_000  # exponents saturate here; anything that large declines or underflows
+_MAX_B10 = 308  # a number that may reach 10**309 is left to the precise path
+
+# scan() result slots
+_OK, _N_SEQ, _TOTAL, _WIDTH, _VAL_START, _MODEL, _MODEL_START, _MODEL_END = range(8)
+_N_LONG, _TOO_LONG_AT, _TOO_LONG_LEN = range(8, 11)
+_N_SLOTS = 11
+
+_WS = (0x20, 0x09, 0x0A, 0x0D)
+
+
+def _power_of_five_table() -> tuple[np.ndarray, np.ndarray]:
+    """128-bit truncated powers of five 5**q, q in [-342, 308] (Lemire's fast_float table)."""
+    hi, lo = [], []
+    for q in range(-342, 309):
+        if q < 0:
+            p5 = 5**-q
+            z = p5.bit_length()  # smallest z with 2**z >= p5 (p5 is never a power of two)
+            if q >= -27:
+                c = 2 ** (z + 127) // p5 + 1
+            else:
+                c = 2 ** (2 * z + 128) // p5 + 1
+                while c >= 1 << 128:
+                    c //= 2
+        else:
+            c = 5**q
+            while c < 1 << 127:
+                c *= 2
+            while c >= 1 << 128:
+                c //= 2
+        hi.append(c >> 64)
+        lo.append(c & ((1 << 64) - 1))
+    return np.array(hi, dtype=np.uint64), np.array(lo, dtype=np.uint64)
+
+
+_P5_HI, _P5_LO = _power_of_five_table()
+_POW10 = np.array([10.0**i for i in range(23)], dtype=np.float64)  # exact in float64
+
+
+def _is_ws(c: Any) -> bool:
+    return bool(c == 0x20 or c == 0x0A or c == 0x0D or c == 0x09)
+
+
+def _skip_ws(buf: Any, pos: int) -> int:
+    n = buf.shape[0]
+    while pos < n and _is_ws(buf[pos]):
+        pos += 1
+    return pos
+
+
+def _check_number(buf: Any, pos: int) -> tuple[int, int, int]:
+    """Validate one JSON number at ``pos``: (end or -1, digit count, bound on log10|x|)."""
+    n = buf.shape[0]
+    p = pos
+    if p < n and buf[p] == 0x2D:  # '-'
+        p += 1
+    if p >= n:
+        return -1, 0, 0
+    c = buf[p]
+    int_digits = 0
+    if c == 0x30:  # '0'
+        p += 1
+        digits = 1
+    elif 0x31 <= c <= 0x39:
+        while p < n and 0x30 <= buf[p] <= 0x39:
+            p += 1
+            int_digits += 1
+        digits = int_digits
+    else:
+        return -1, 0, 0
+    if p < n and buf[p] == 0x2E:  # '.'
+        p += 1
+        start = p
+        while p < n and 0x30 <= buf[p] <= 0x39:
+            p += 1
+        if p == start:
+            return -1, 0, 0
+        digits += p - start
+    exp = 0
+    if p < n and (buf[p] == 0x65 or buf[p] == 0x45):  # 'e' 'E'
+        p += 1
+        neg = False
+        if p < n and (buf[p] == 0x2B or buf[p] == 0x2D):
+            neg = buf[p] == 0x2D
+            p += 1
+        start = p
+        while p < n and 0x30 <= buf[p] <= 0x39:
+            if exp < _MAX_EXP:
+                exp = exp * 10 + (buf[p] - 0x30)
+            p += 1
+        if p == start:
+            return -1, 0, 0
+        if neg:
+            exp = -exp
+    bound = int_digits + exp if int_digits > 0 else exp  # |x| < 10**bound
+    return p, digits, bound
+
+
+def _scan_string(buf: Any, pos: int) -> int:
+    """``pos`` is just past an opening quote; the closing quote's index, or -1 (escapes too)."""
+    n = buf.shape[0]
+    while pos < n:
+        c = buf[pos]
+        if c == 0x22:
+            return pos
+        if c == 0x5C or c < 0x20:  # a backslash or a control character
+            return -1
+        pos += 1
+    return -1
+
+
+def _scan_field(buf: Any, pos: int, max_len: int, out: Any) -> int:
+    """Check ``[[[num, ...], ...], ...]`` at ``pos``; fill the counts in ``out``; end or -1."""
+    n = buf.shape[0]
+    width = -1
+    n_seq = 0
+    total = 0
+    n_long = 0
+    if pos >= n or buf[pos] != 0x5B:
+        return -1
+    pos = _skip_ws(buf, pos + 1)
+    while True:  # sequences
+        if pos >= n or buf[pos] != 0x5B:
+            return -1
+        pos = _skip_ws(buf, pos + 1)
+        steps = 0
+        while True:  # steps
+            if pos >= n or buf[pos] != 0x5B:
+                return -1
+            pos = _skip_ws(buf, pos + 1)
+            count = 0
+            while True:  # numbers
+                end, digits, bound = _check_number(buf, pos)
+                if end < 0 or bound > _MAX_B10:
+                    return -1
+                if digits > 19:
+                    n_long += 1
+                count += 1
+                pos = _skip_ws(buf, end)
+                if pos >= n:
+                    return -1
+                if buf[pos] == 0x2C:
+                    pos = _skip_ws(buf, pos + 1)
+                elif buf[pos] == 0x5D:
+                    pos += 1
+                    break
+                else:
+                    return -1
+            if width < 0:
+                width = count
+            elif count != width:
+                return -1
+            steps += 1
+            pos = _skip_ws(buf, pos)
+            if pos >= n:
+                return -1
+            if buf[pos] == 0x2C:
+                pos = _skip_ws(buf, pos + 1)
+            elif buf[pos] == 0x5D:
+                pos += 1
+                break
+            else:
+                return -1
+        if steps > max_len and out[_TOO_LONG_AT] < 0:
+            out[_TOO_LONG_AT] = n_seq
+            out[_TOO_LONG_LEN] = steps
+        n_seq += 1
+        total += steps
+        pos = _skip_ws(buf, pos)
+        if pos >= n:
+            return -1
+        if buf[pos] == 0x2C:
+            pos = _skip_ws(buf, pos + 1)
+        elif buf[pos] == 0x5D:
+            pos += 1
+            break
+        else:
+            return -1
+    out[_N_SEQ] = n_seq
+    out[_TOTAL] = total
+    out[_WIDTH] = width
+    out[_N_LONG] = n_long
+    return pos
+
+
+def _scan(buf: Any, field: Any, max_len: int, out: Any) -> None:
+    """Pass 1: is the body on the happy path? Counts and positions go to ``out``."""
+    for i in range(out.shape[0]):
+        out[i] = 0
+    out[_TOO_LONG_AT] = -1
+    n = buf.shape[0]
+    pos = _skip_ws(buf, 0)
+    if pos >= n or buf[pos] != 0x7B:  # '{'
+        return
+    pos = _skip_ws(buf, pos + 1)
+    seen_field = False
+    seen_model = False
+    while True:
+        if pos >= n or buf[pos] != 0x22:
+            return
+        end = _scan_string(buf, pos + 1)
+        if end < 0:
+            return
+        klen = end - pos - 1
+        is_field = klen == field.shape[0]
+        if is_field:
+            for i in range(klen):
+                if buf[pos + 1 + i] != field[i]:
+                    is_field = False
+                    break
+        is_model = (
+            klen == 5
+            and buf[pos + 1] == 0x6D  # m
+            and buf[pos + 2] == 0x6F  # o
+            and buf[pos + 3] == 0x64  # d
+            and buf[pos + 4] == 0x65  # e
+            and buf[pos + 5] == 0x6C  # l
+        )
+        pos = _skip_ws(buf, end + 1)
+        if pos >= n or buf[pos] != 0x3A:  # ':'
+            return
+        pos = _skip_ws(buf, pos + 1)
+        if is_field and not seen_field:
+            seen_field = True
+            out[_VAL_START] = pos
+            pos = _scan_field(buf, pos, max_len, out)
+            if pos < 0:
+                return
+        elif is_model and not seen_model:
+            seen_model = True
+            if pos + 4 <= n and (
+                buf[pos] == 0x6E
+                and buf[pos + 1] == 0x75
+                and buf[pos + 2] == 0x6C
+                and buf[pos + 3] == 0x6C
+            ):  # null
+                pos += 4
+            elif pos < n and buf[pos] == 0x22:
+                end = _scan_string(buf, pos + 1)
+                if end < 0:
+                    return
+                out[_MODEL] = 1
+                out[_MODEL_START] = pos + 1
+                out[_MODEL_END] = end
+                pos = end + 1
+            else:
+                return
+        else:  # an unknown or repeated key
+            return
+        pos = _skip_ws(buf, pos)
+        if pos >= n:
+            return
+        if buf[pos] == 0x2C:
+            pos = _skip_ws(buf, pos + 1)
+        elif buf[pos] == 0x7D:  # '}'
+            pos += 1
+            break
+        else:
+            return
+    if _skip_ws(buf, pos) != n or not seen_field:
+        return
+    out[_OK] = 1
+
+
+def _mul128(a: Any, b: Any) -> tuple[Any, Any]:
+    """Full 64 x 64 -> 128-bit product of two uint64: (high, low)."""
+    a_lo = a & _MASK32
+    a_hi = a >> _U64(32)
+    b_lo = b & _MASK32
+    b_hi = b >> _U64(32)
+    p0 = a_lo * b_lo
+    p1 = a_lo * b_hi
+    p2 = a_hi * b_lo
+    p3 = a_hi * b_hi
+    mid = (p0 >> _U64(32)) + (p1 & _MASK32) + (p2 & _MASK32)
+    lo = (p0 & _MASK32) | (mid << _U64(32))
+    hi = p3 + (p1 >> _U64(32)) + (p2 >> _U64(32)) + (mid >> _U64(32))
+    return hi, lo
+
+
+def _eisel_lemire(w: Any, q: int, p5_hi: Any, p5_lo: Any) -> tuple[bool, Any]:
+    """Bits of the float64 nearest to ``w * 10**q`` (w != 0, -342 <= q <= 308); ok flag.
+
+    Lemire, "Number Parsing at a Gigabyte per Second" (2021), as in fast_float.
+    """
+    lz = 0
+    if (w >> _U64(32)) == _U64(0):
+        lz += 32
+        w = w << _U64(32)
+    if (w >> _U64(48)) == _U64(0):
+        lz += 16
+        w = w << _U64(16)
+    if (w >> _U64(56)) == _U64(0):
+        lz += 8
+        w = w << _U64(8)
+    if (w >> _U64(60)) == _U64(0):
+        lz += 4
+        w = w << _U64(4)
+    if (w >> _U64(62)) == _U64(0):
+        lz += 2
+        w = w << _U64(2)
+    if (w >> _U64(63)) == _U64(0):
+        lz += 1
+        w = w << _U64(1)
+    idx = q + 342
+    hi, lo = _mul128(w, p5_hi[idx])
+    if (hi & _U64(0x1FF)) == _U64(0x1FF):
+        hi2, _ = _mul128(w, p5_lo[idx])
+        new_lo = lo + hi2
+        if new_lo < lo:
+            hi += _U64(1)
+        lo = new_lo
+        if lo == _U64(0xFFFFFFFFFFFFFFFF) and (q < -27 or q > 55):
+            return False, _U64(0)  # too close to call: the caller asks float()
+    upper = int(hi >> _U64(63))
+    shift = _U64(upper + 9)
+    mant = hi >> shift
+    power2 = ((217706 * q) >> 16) + 63 + upper - lz + 1023
+    if power2 <= 0:  # subnormal
+        if -power2 + 1 >= 64:
+            return True, _U64(0)
+        mant = mant >> _U64(-power2 + 1)
+        mant += mant & _U64(1)
+        mant = mant >> _U64(1)
+        power2 = 0 if mant < (_U64(1) << _U64(52)) else 1
+        return True, mant | (_U64(power2) << _U64(52))
+    half_way = lo <= _U64(1) and -4 <= q <= 23 and (mant & _U64(3)) == _U64(1)
+    if half_way and (mant << shift) == hi:  # exactly half-way: round to even
+        mant &= ~_U64(1)
+    mant += mant & _U64(1)
+    mant = mant >> _U64(1)
+    if mant >= (_U64(2) << _U64(52)):
+        mant = _U64(1) << _U64(52)
+        power2 += 1
+    mant &= ~(_U64(1) << _U64(52))
+    if power2 >= 0x7FF:
+        return False, _U64(0)  # overflow: not for the fast path
+    return True, mant | (_U64(power2) << _U64(52))
+
+
+def _parse_number(
+    buf: Any, pos: int, p5_hi: Any, p5_lo: Any, pow10: Any, bits: Any, as_float: Any
+) -> tuple[int, float, bool]:
+    """Pass 2: (end, value, exact) of the number at ``pos`` (already known to be valid JSON)."""
+    n = buf.shape[0]
+    neg = buf[pos] == 0x2D
+    if neg:
+        pos += 1
+    w = _U64(0)
+    sig = 0  # significant digits seen
+    frac = 0  # digits after the point
+    is_int = True
+    while pos < n and 0x30 <= buf[pos] <= 0x39:
+        d = buf[pos] - 0x30
+        if sig or d:
+            sig += 1
+            if sig <= 19:
+                w = w * _U64(10) + _U64(d)
+        pos += 1
+    if pos < n and buf[pos] == 0x2E:
+        is_int = False
+        pos += 1
+        while pos < n and 0x30 <= buf[pos] <= 0x39:
+            d = buf[pos] - 0x30
+            if sig or d:
+                sig += 1
+                if sig <= 19:
+                    w = w * _U64(10) + _U64(d)
+                    frac += 1
+            else:
+                frac += 1
+            pos += 1
+    exp = 0
+    if pos < n and (buf[pos] == 0x65 or buf[pos] == 0x45):
+        is_int = False
+        pos += 1
+        eneg = False
+        if buf[pos] == 0x2B or buf[pos] == 0x2D:
+            eneg = buf[pos] == 0x2D
+            pos += 1
+        while pos < n and 0x30 <= buf[pos] <= 0x39:
+            if exp < _MAX_EXP:
+                exp = exp * 10 + (buf[pos] - 0x30)
+            pos += 1
+        if eneg:
+            exp = -exp
+    if sig > 19:
+        return pos, 0.0, False
+    if w == _U64(0):
+        # an integer literal is an int to the precise path: -0 is 0, not -0.0
+        return pos, (-0.0 if neg and not is_int else 0.0), True
+    q = exp - frac
+    if q < -342:
+        value = 0.0
+    elif q > 308:
+        return pos, 0.0, False
+    elif w <= _U64(9007199254740992) and -22 <= q <= 22:  # Clinger: one rounding
+        value = float(w)
+        value = value * pow10[q] if q >= 0 else value / pow10[-q]
+    else:
+        ok, b = _eisel_lemire(w, q, p5_hi, p5_lo)
+        if not ok:
+            return pos, 0.0, False
+        bits[0] = b
+        value = as_float[0]
+    return pos, (-value if neg else value), True
+
+
+def _fill(
+    buf: Any,
+    pos: int,
+    data: Any,
+    lengths: Any,
+    slow: Any,
+    p5_hi: Any,
+    p5_lo: Any,
+    pow10: Any,
+) -> tuple[int, int]:
+    """Pass 2 over a field that pass 1 accepted: numbers into ``data`` (float32, flat).
+
+    Returns (numbers left for ``float()``, recorded in ``slow`` as (index, start, end); or
+    -1 when more than fit) and the first index whose float32 is infinite (-1 if none).
+    """
+    bits = np.zeros(1, np.uint64)
+    as_float = bits.view(np.float64)
+    depth = 0
+    k = 0
+    seq = -1
+    steps = 0
+    n_slow = 0
+    first_inf = -1
+    while True:
+        c = buf[pos]
+        if c == 0x5B:
+            depth += 1
+            if depth == 2:
+                seq += 1
+                steps = 0
+            pos += 1
+        elif c == 0x5D:
+            if depth == 3:
+                steps += 1
+            elif depth == 2:
+                lengths[seq] = steps
+            depth -= 1
+            pos += 1
+            if depth == 0:
+                break
+        elif c == 0x2D or 0x30 <= c <= 0x39:
+            # the common case inline: <= 18 digits, Clinger's exact fast path
+            start = pos
+            neg = c == 0x2D
+            if neg:
+                pos += 1
+            m = 0
+            digits = 0
+            frac = 0
+            is_int = True
+            while 0x30 <= buf[pos] <= 0x39:  # a number never ends the body
+                m = m * 10 + (buf[pos] - 0x30)
+                digits += 1
+                pos += 1
+            if buf[pos] == 0x2E:
+                is_int = False
+                pos += 1
+                while 0x30 <= buf[pos] <= 0x39:
+                    m = m * 10 + (buf[pos] - 0x30)
+                    digits += 1
+                    frac += 1
+                    pos += 1
+            exp = 0
+            if buf[pos] == 0x65 or buf[pos] == 0x45:
+                is_int = False
+                pos += 1
+                eneg = buf[pos] == 0x2D
+                if eneg or buf[pos] == 0x2B:
+                    pos += 1
+                while 0x30 <= buf[pos] <= 0x39:
+                    if exp < _MAX_EXP:
+                        exp = exp * 10 + (buf[pos] - 0x30)
+                    pos += 1
+                if eneg:
+                    exp = -exp
+            q = exp - frac
+            end = pos
+            if digits <= 18 and m <= 9007199254740992 and -22 <= q <= 22:
+                exact = True
+                if m == 0:  # an integer literal is an int to the precise path: -0 is 0
+                    value = -0.0 if neg and not is_int else 0.0
+                else:
+                    value = float(m)
+                    value = value * pow10[q] if q >= 0 else value / pow10[-q]
+                    if neg:
+                        value = -value
+            else:
+                end, value, exact = _parse_number(buf, start, p5_hi, p5_lo, pow10, bits, as_float)
+            if exact:
+                v32 = np.float32(value)
+                data[k] = v32
+                if first_inf < 0 and np.isinf(v32):
+                    first_inf = k
+            else:
+                if n_slow >= slow.shape[0]:
+                    return -1, first_inf
+                slow[n_slow, 0] = k
+                slow[n_slow, 1] = start
+                slow[n_slow, 2] = end
+                n_slow += 1
+            k += 1
+            pos = end
+        else:
+            pos += 1
+    return n_slow, first_inf
+
+
+def _jit(fn: Any, **options: Any) -> Any:
+    """Compile with numba, cached on disk where a cache folder is writable (else in memory)."""
+    try:
+        return numba.njit(cache=True, nogil=True, boundscheck=False, **options)(fn)
+    except RuntimeError:  # no writable cache location
+        return numba.njit(cache=False, nogil=True, boundscheck=False, **options)(fn)
+
+
+_is_ws = _jit(_is_ws, inline="always")
+_skip_ws = _jit(_skip_ws)
+_check_number = _jit(_check_number)
+_scan_string = _jit(_scan_string)
+_scan_field = _jit(_scan_field)
+_scan = _jit(_scan)
+_mul128 = _jit(_mul128)
+_eisel_lemire = _jit(_eisel_lemire)
+_parse_number = _jit(_parse_number)
+_fill = _jit(_fill)
+
+
+def parse_float(text: bytes) -> float:
+    """One JSON number through the compiled parser (for tests); ``float(text)`` if it declines."""
+    buf = np.frombuffer(text, np.uint8)
+    end, _, _ = _check_number(buf, 0)
+    if end != len(buf):
+        raise ValueError(f"not a JSON number: {text!r}")
+    bits = np.zeros(1, np.uint64)
+    _, value, exact = _parse_number(buf, 0, _P5_HI, _P5_LO, _POW10, bits, bits.view(np.float64))
+    return float(value) if exact else float(text)
+
+
+# -- decoded requests ---------------------------------------------------------------------------
+
+
+@dataclass
+class Decoded:
+    """A request body that parsed: the model name it asked for, and how to get its arrays."""
+
+    model: str | None
+    _finish: Any  # (input_dim, model name) -> FlatSequences, raising RequestError
+
+    def sequences(self, input_dim: int, model: str) -> FlatSequences:
+        """Check limits, width and values against the model; the float32 sequences."""
+        result: FlatSequences = self._finish(input_dim, model)
+        return result
+
+
+def decode(body: bytes, content_type: str | None, field: str, limits: Limits) -> Decoded | None:
+    """Decode a request body; ``None`` means "not on the JSON fast path: parse it precisely".
+
+    Safetensors bodies never return ``None``: their errors are raised here (the format) or by
+    :meth:`Decoded.sequences` (limits, width, values) as :class:`RequestError`.
+    """
+    if is_safetensors(content_type):
+        return _decode_safetensors(body, field, limits)
+    return _decode_json(body, field, limits)
+
+
+def is_safetensors(content_type: str | None) -> bool:
+    return (content_type or "").split(";")[0].strip().lower() == SAFETENSORS
+
+
+def wants_safetensors(accept: str | None) -> bool:
+    """Whether the ``Accept`` header prefers safetensors to JSON (JSON on a tie with ``*/*``)."""
+    if not accept:
+        return False
+    best_st, best_json = 0.0, 0.0
+    for part in accept.split(","):
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, val = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(val)
+                except ValueError:
+                    q = 0.0
+        media = media.lower()
+        if media == SAFETENSORS:
+            best_st = max(best_st, q)
+        elif media in (JSON, "application/*", "*/*"):
+            best_json = max(best_json, q if media == JSON else q - 1e-6)
+    return best_st > 0 and best_st >= best_json
+
+
+def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
+    buf = np.frombuffer(body, np.uint8)
+    info = np.zeros(_N_SLOTS, np.int64)
+    _scan(buf, np.frombuffer(field.encode(), np.uint8), limits.max_sequence_length, info)
+    if not info[_OK]:
+        return None
+    model: str | None = None
+    if info[_MODEL]:
+        try:
+            model = body[info[_MODEL_START] : info[_MODEL_END]].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    n_seq, total, width = int(info[_N_SEQ]), int(info[_TOTAL]), int(info[_WIDTH])
+
+    def finish(input_dim: int, name: str) -> FlatSequences:
+        too_long = (int(info[_TOO_LONG_AT]), int(info[_TOO_LONG_LEN]))
+        _check_limits(n_seq, too_long, total, field, limits)
+        if width != input_dim:  # the precise path reports the first step: every step has it
+            raise _width_error(width, field, input_dim, name)
+        data = np.empty(total * width, np.float32)
+        lengths = np.empty(n_seq, np.int64)
+        n_slow = -1
+        room = int(info[_N_LONG]) + 16  # long numbers, and a few too close to call
+        while n_slow < 0:  # runs again (with room for every number) only if that was short
+            slow = np.empty((room, 3), np.int64)
+            n_slow, first_inf = _fill(
+                buf, int(info[_VAL_START]), data, lengths, slow, _P5_HI, _P5_LO, _POW10
+            )
+            room = total * width
+        for k, start, end in slow[:n_slow].tolist():
+            with np.errstate(over="ignore"):
+                v32 = np.float32(float(body[start:end]))
+            data[k] = v32
+            if np.isinf(v32) and (first_inf < 0 or k < first_inf):
+                first_inf = k
+        out = FlatSequences(data.reshape(total, width), lengths)
+        if first_inf >= 0:  # finite in JSON (float64) but out of float32's range
+            raise _value_error(out, first_inf, field, "value is outside float32's range")
+        return out
+
+    return Decoded(model, finish)
+
+
+# -- errors shared by both formats --------------------------------------------------------------
+
+
+def _check_limits(
+    n_seq: int, too_long: tuple[int, int], total: int, field: str, limits: Limits
+) -> None:
+    # the same checks, order and messages as service.validation.to_arrays
+    if n_seq > limits.max_sequences:
+        raise RequestError(
+            413, "too_many_sequences",
+            f"request has {n_seq} sequences; the limit is {limits.max_sequences}",
+            (field,),
+        )  # fmt: skip
+    i, steps = too_long
+    if i >= 0:
+        raise RequestError(
+            413, "sequence_too_long",
+            f"sequence {i} has {steps} steps; the limit is {limits.max_sequence_length}",
+            (field, i),
+        )  # fmt: skip
+    if total > limits.max_timesteps:
+        raise RequestError(
+            413, "too_many_timesteps",
+            f"request has {total} timesteps in all; the limit is {limits.max_timesteps}",
+            (field,),
+        )  # fmt: skip
+
+
+def _width_error(width: int, field: str, input_dim: int, model: str) -> RequestError:
+    return RequestError(
+        422, "wrong_feature_count",
+        f"sequence 0, step 0: has {width} features; model '{model}' takes {input_dim}",
+        (field, 0, 0),
+    )  # fmt: skip
+
+
+def _value_error(seqs: FlatSequences, flat: int, field: str, what: str) -> RequestError:
+    """A non-finite value at flat index ``flat`` of ``seqs.data``, located."""
+    width = seqs.data.shape[1]
+    row, f = divmod(flat, width)
+    ends = seqs.ends
+    i = int(np.searchsorted(ends, row, side="right"))
+    t = row - (int(ends[i - 1]) if i else 0)
+    return RequestError(
+        422, "non_finite", f"sequence {i}, step {t}, feature {f}: {what}", (field, i, t, f)
+    )
+
+
+# -- safetensors --------------------------------------------------------------------------------
+
+_DTYPES: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "I64": np.dtype("<i8")}
+_ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+_MAX_HEADER = 100_000_000
+
+
+def _not_safetensors(why: str) -> RequestError:
+    return RequestError(400, "invalid_safetensors", f"body is not a safetensors file: {why}")
+
+
+def _read_header(body: bytes) -> tuple[dict[str, Any], dict[str, str], int]:
+    """The tensors' entries, the metadata and where the data starts; checked like the library."""
+    if len(body) < 8:
+        raise _not_safetensors("shorter than its 8-byte header length")
+    (size,) = struct.unpack_from("<Q", body)
+    if size > min(len(body) - 8, _MAX_HEADER):
+        raise _not_safetensors(f"header length {size} is past the end of the body")
+    try:
+        header = orjson.loads(body[8 : 8 + size])
+    except orjson.JSONDecodeError:
+        raise _not_safetensors("the header is not JSON") from None
+    if not isinstance(header, dict):
+        raise _not_safetensors("the header is not a JSON object")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise _not_safetensors("__metadata__ must map names to strings")
+    start = 8 + size
+    data_len = len(body) - start
+    for name, entry in header.items():
+        ok = (
+            isinstance(entry, dict)
+            and entry.get("dtype") in _ITEMSIZE
+            and isinstance(entry.get("shape"), list)
+            and all(type(d) is int and d >= 0 for d in entry["shape"])
+            and isinstance(entry.get("data_offsets"), list)
+            and len(entry["data_offsets"]) == 2
+            and all(type(d) is int for d in entry["data_offsets"])
+        )
+        if not ok:
+            raise _not_safetensors(f"tensor '{name}' has no valid dtype, shape and data_offsets")
+        begin, end = entry["data_offsets"]
+        nbytes = int(np.prod(entry["shape"], dtype=object)) * _ITEMSIZE[entry["dtype"]]
+        if not 0 <= begin <= end <= data_len or end - begin != nbytes:
+            raise _not_safetensors(f"tensor '{name}' does not fit its data_offsets")
+    return header, meta, start
+
+
+def _tensor(
+    body: bytes, header: dict[str, Any], start: int, name: str, dtype: str, ndim: int
+) -> np.ndarray:
+    entry = header.get(name)
+    if entry is None:
+        raise RequestError(422, "missing", f"tensor '{name}' is required", (name,))
+    if entry["dtype"] != dtype:
+        raise RequestError(
+            422, "wrong_dtype", f"tensor '{name}' must be {dtype}, not {entry['dtype']}", (name,)
+        )
+    shape = entry["shape"]
+    if len(shape) != ndim:
+        want = "[sum of lengths, features]" if ndim == 2 else "[sequences]"
+        raise RequestError(
+            422, "wrong_shape", f"tensor '{name}' must be {ndim}-D {want}, not {shape}", (name,)
+        )
+    begin, end = entry["data_offsets"]
+    arr = np.frombuffer(body, _DTYPES[dtype], (end - begin) // _DTYPES[dtype].itemsize,
+                        start + begin)  # fmt: skip
+    if (start + begin) % _DTYPES[dtype].itemsize:  # unaligned: copy once
+        arr = arr.copy()
+    shaped: np.ndarray = arr.reshape(shape)
+    return shaped
+
+
+def _decode_safetensors(body: bytes, field: str, limits: Limits) -> Decoded:
+    header, meta, start = _read_header(body)
+    for name in header:
+        if name not in (field, "lengths"):
+            raise RequestError(
+                422, "unknown_field",
+                f"unknown tensor '{name}' (expected '{field}' and 'lengths')", (name,),
+            )  # fmt: skip
+    data = _tensor(body, header, start, field, "F32", 2)
+    lengths = _tensor(body, header, start, "lengths", "I64", 1)
+    if not len(lengths):
+        raise RequestError(422, "empty", f"'{field}' holds no sequences", (field,))
+    if (lengths < 0).any():
+        i = int(np.argmax(lengths < 0))
+        raise RequestError(
+            422, "wrong_lengths", f"sequence {i} has a negative length", ("lengths", i)
+        )
+    if (lengths == 0).any():
+        i = int(np.argmax(lengths == 0))
+        raise RequestError(422, "empty", f"sequence {i} has no steps", (field, i))
+    # no overflow: each length is at most the body's size, and there are fewer than that
+    total = int(lengths.sum())
+    if total != len(data):
+        raise RequestError(
+            422, "wrong_lengths",
+            f"lengths add up to {total} steps; tensor '{field}' has {len(data)} rows",
+            ("lengths",),
+        )  # fmt: skip
+    if data.shape[1] == 0:
+        raise RequestError(422, "empty", "sequence 0, step 0 has no features", (field, 0, 0))
+
+    def finish(input_dim: int, model: str) -> FlatSequences:
+        long = np.flatnonzero(lengths > limits.max_sequence_length)
+        too_long = (int(long[0]), int(lengths[long[0]])) if len(long) else (-1, 0)
+        _check_limits(len(lengths), too_long, total, field, limits)
+        if data.shape[1] != input_dim:
+            raise _width_error(data.shape[1], field, input_dim, model)
+        out = FlatSequences(data, lengths)
+        if not np.isfinite(data).all():
+            first = int(np.argmax(~np.isfinite(data.reshape(-1))))
+            raise _value_error(out, first, field, "value is not a finite number")
+        return out
+
+    return Decoded(meta.get("model"), finish)
+
+
+def encode_safetensors(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+    """A safetensors file of ``tensors`` (float32 or int64), copied once, straight to bytes."""
+    names = {np.dtype("<f4"): "F32", np.dtype("<i8"): "I64"}
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    arrays = []
+    for name, arr in tensors.items():
+        a = np.ascontiguousarray(arr)
+        header[name] = {
+            "dtype": names[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + a.nbytes],
+        }
+        offset += a.nbytes
+        arrays.append(a)
+    text = orjson.dumps(header)
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    parts: list[Any] = [struct.pack("<Q", len(text)), text]
+    parts += [a.data.cast("B") for a in arrays]
+    return b"".join(parts)
+
+
+def encode(
+    model: str, out_field: str, outputs: FlatSequences | list[np.ndarray], binary: bool
+) -> bytes:
+    """The response body: safetensors when ``binary``, else JSON written from the buffers."""
+    if binary:
+        flat = outputs if isinstance(outputs, FlatSequences) else FlatSequences.from_arrays(outputs)
+        return encode_safetensors({out_field: flat.data, "lengths": flat.lengths}, {"model": model})
+    return orjson.dumps(
+        {"model": model, out_field: list(outputs)}, option=orjson.OPT_SERIALIZE_NUMPY
+    )

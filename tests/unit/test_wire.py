@@ -1,0 +1,297 @@
+"""The JSON fast path against the precise path (pydantic + to_arrays), and the codec's pieces.
+
+The fast path may decline any body (then the precise path runs); when it accepts one, its
+float32 arrays, or its error, must be exactly what the precise path gives.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from service import wire
+from service.validation import (
+    Limits,
+    RequestError,
+    RolloutRequest,
+    SmoothRequest,
+    parse_body,
+    to_arrays,
+)
+
+LIMITS = Limits(256, 100_000, 1_000_000)
+WS = st.text(alphabet=" \t\r\n", max_size=3)
+
+
+def precise(body: bytes, width: int, limits: Limits = LIMITS) -> Any:
+    """What today's path gives: (model, data, lengths) or the RequestError."""
+    try:
+        name, seqs = parse_body(body, SmoothRequest, "sequences")
+        arrays = to_arrays(seqs, "sequences", width, limits, name or "smoother")
+    except RequestError as exc:
+        return exc
+    lengths = [len(a) for a in arrays]
+    return name, np.concatenate(arrays).tobytes(), lengths
+
+
+def fast(body: bytes, width: int, limits: Limits = LIMITS) -> Any:
+    """What the fast path gives; None when it declines."""
+    decoded = wire.decode(body, None, "sequences", limits)
+    if decoded is None:
+        return None
+    try:
+        seqs = decoded.sequences(width, decoded.model or "smoother")
+    except RequestError as exc:
+        return exc
+    return decoded.model, seqs.data.tobytes(), seqs.lengths.tolist()
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, RequestError) and isinstance(b, RequestError):
+        return a.body() == b.body() and a.status == b.status
+    return bool(a == b)
+
+
+# -- numbers ------------------------------------------------------------------------------------
+
+
+def _digits(draw: st.DrawFn, lo: int, hi: int) -> str:
+    return draw(st.text(alphabet="0123456789", min_size=lo, max_size=hi))
+
+
+@st.composite
+def json_number(draw: st.DrawFn) -> str:
+    """A JSON number text whose magnitude stays below 1e308 (so the fast path must take it)."""
+    kind = draw(st.integers(0, 5))
+    if kind == 0:  # any finite double, as Python writes it
+        x = draw(
+            st.floats(allow_nan=False, allow_infinity=False, max_value=1e300, min_value=-1e300)
+        )
+        return repr(x).replace("inf", "0")
+    if kind == 1:  # a float32, as orjson writes it
+        x = draw(st.floats(width=32, allow_nan=False, allow_infinity=False))
+        return orjson.dumps(np.float32(x), option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    if kind == 2:  # an integer, up to many digits
+        body = draw(st.sampled_from(["0", "-0"])) if draw(st.booleans()) else None
+        return body or (draw(st.sampled_from(["", "-"])) + "1" + _digits(draw, 0, 30))
+    sign = draw(st.sampled_from(["", "-"]))
+    head = draw(st.sampled_from(["0", "1", "9"])) + (
+        "" if draw(st.booleans()) else _digits(draw, 0, 25)
+    )
+    if head.startswith("0"):
+        head = "0"
+    frac = "." + _digits(draw, 1, 30) if draw(st.booleans()) or kind == 3 else ""
+    text = sign + head + frac
+    if kind >= 4:  # exponents, down to the subnormals and below
+        int_digits = len(head) if head != "0" else 0
+        exp = draw(st.integers(-400, 300 - int_digits))
+        text += (
+            draw(st.sampled_from(["e", "E"]))
+            + draw(st.sampled_from(["", "+", "-"]) if exp >= 0 else st.just("-"))
+            + str(abs(exp))
+        )
+    return text
+
+
+@settings(max_examples=3000, deadline=None)
+@given(json_number())
+def test_numbers_parse_like_python_float(text: str) -> None:
+    want = float(text)
+    got = wire.parse_float(text.encode())
+    assert struct.pack("<d", got) == struct.pack("<d", want) or (
+        # an integer literal is an int to the precise path: -0 is 0
+        "." not in text and "e" not in text.lower() and got == want == 0
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0", "-0", "-0.0", "0.0e-5", "1", "-1", "9007199254740993", "18446744073709551615",
+        "18446744073709551616", "123456789012345678901234567890", "0.1", "1e22", "1e23",
+        "2.2250738585072011e-308", "2.2250738585072014e-308", "4.9406564584124654e-324",
+        "2.4703282292062328e-324", "2.4703282292062327e-324", "1e-400", "1.7976931348623157e300",
+        "3.4028235e38", "3.4028236e38", "0.30000001192092896", "7.038531e-26",
+        "9.109383632044e-31", "1.00000000000000011102230246251565404236316680908203125",
+    ],
+)  # fmt: skip
+def test_hard_numbers(text: str) -> None:
+    got = wire.parse_float(text.encode())
+    want = float(text) if ("." in text or "e" in text) else float(int(text))
+    assert struct.pack("<d", got) == struct.pack("<d", want)
+
+
+# -- whole bodies -------------------------------------------------------------------------------
+
+
+@st.composite
+def valid_body(draw: st.DrawFn) -> tuple[bytes, int]:
+    width = draw(st.integers(1, 4))
+    n_seq = draw(st.integers(1, 4))
+    seqs = []
+    for _ in range(n_seq):
+        steps = []
+        for _ in range(draw(st.integers(1, 4))):
+            nums = [draw(json_number()) for _ in range(width)]
+            steps.append("[" + ",".join(draw(WS) + x + draw(WS) for x in nums) + "]")
+        seqs.append("[" + draw(WS) + ("," + draw(WS)).join(steps) + draw(WS) + "]")
+    field = '"sequences"' + draw(WS) + ":" + draw(WS) + "[" + ",".join(seqs) + "]"
+    parts = [field]
+    model = draw(st.sampled_from([None, "null", '"smoother"', '"smöother"', '""']))
+    if model is not None:
+        parts.append('"model"' + draw(WS) + ":" + draw(WS) + model)
+    parts = draw(st.permutations(parts))
+    body = draw(WS) + "{" + draw(WS) + ("," + draw(WS)).join(parts) + draw(WS) + "}" + draw(WS)
+    return body.encode(), width
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_body())
+def test_fast_path_equals_precise_path(case: tuple[bytes, int]) -> None:
+    body, width = case
+    want = precise(body, width)
+    got = fast(body, width)
+    assert got is not None, body  # every such body is on the happy path
+    assert same(got, want), (body, got, want)
+
+
+JUNK = [b"", b",", b"]", b"[", b"{", b'"', b"\\", b"-", b".", b"e", b"0", b"null", b"true"]
+JUNK += [b"NaN", b"x", b"\x00", b"\xff"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_body(), st.data())
+def test_mangled_bodies_are_declined_or_agree(case: tuple[bytes, int], data: st.DataObject) -> None:
+    body, width = case
+    i = data.draw(st.integers(0, len(body)))
+    junk = data.draw(st.sampled_from(JUNK))
+    cut = data.draw(st.integers(0, 2))
+    mangled = body[:i] + junk + body[i + cut :]
+    got = fast(mangled, width)
+    if got is not None:  # accepted: then it must be exactly what the precise path says
+        assert same(got, precise(mangled, width)), mangled
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_random_bytes_never_crash(body: bytes) -> None:
+    got = fast(body, 2)
+    if got is not None:
+        assert same(got, precise(body, 2))
+
+
+ROW = "[1.5, 2]"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"", b"[]", b"{}", b"null", b'{"sequences": []}', b'{"sequences": [[]]}',
+        b'{"sequences": [[[]]]}', b'{"sequences": [[1, 2]]}', b'{"sequences": [[[[1]]]]}',
+        b'{"sequences": [[[1, 2], [3]]]}', b'{"sequences": [[[1]], [[2, 3]]]}',
+        b'{"sequences": [[[1, "2"]]]}', b'{"sequences": [[[true]]]}', b'{"sequences": [[[null]]]}',
+        b'{"sequences": [[[NaN]]]}', b'{"sequences": [[[-Infinity]]]}',
+        b'{"sequences": [[[1e999]]]}',
+        b'{"sequences": [[[1e308]]]}', b'{"sequences": [[[01]]]}', b'{"sequences": [[[1.]]]}',
+        b'{"sequences": [[[.5]]]}', b'{"sequences": [[[+1]]]}', b'{"sequences": [[[1e]]]}',
+        b'{"sequences": [[[1,]]]}', b'{"sequences": [[[1]],]}', b'{"sequences": [[[1]]],}',
+        b'{"sequences": [[[1]]]', b'{"sequences": [[[1]]]} x',
+        b'\xef\xbb\xbf{"sequences": [[[1]]]}', b'{"sequences": [[[1]]], "sequences": [[[1]]]}',
+        b'{"sequences": [[[1]]], "model": null, "model": null}',
+        b'{"sequences": [[[1]]], "extra": 1}', b'{"sequence\\u0073": [[[1]]]}',
+        b'{"sequences": [[[1]]], "model": "a\\"b"}', b'{"sequences": [[[1]]], "model": 3}',
+        b'{"sequences": [[[1]]], "model": "\xff"}', b'{"sequences": [[[1]]], "model": "a\nb"}',
+        b'{"sequences": [[[1]]], "model": nul}', b'{"sequences": [[[1\x0c]]]}',
+        b'{"sequences" [[[1]]]}', b'{sequences: [[[1]]]}', b'{"inputs": [[[1]]]}',
+    ],
+)  # fmt: skip
+def test_off_the_happy_path_declines(body: bytes) -> None:
+    assert wire.decode(body, None, "sequences", LIMITS) is None
+    assert wire.decode(body, "application/json", "sequences", LIMITS) is None
+
+
+def test_field_name_follows_the_endpoint() -> None:
+    body = b'{"model": "traveller", "inputs": [[[1, 2, 3, 4, 5, 6]]]}'
+    decoded = wire.decode(body, None, "inputs", LIMITS)
+    assert decoded is not None
+    assert decoded.model == "traveller"
+    ref = to_arrays(parse_body(body, RolloutRequest, "inputs")[1], "inputs", 6, LIMITS, "t")
+    assert decoded.sequences(6, "traveller").data.tobytes() == ref[0].tobytes()
+
+
+@pytest.mark.parametrize(
+    ("body", "width", "limits"),
+    [
+        (b'{"sequences": [[[1e39, 1]], [[2, -1e39]]]}', 2, LIMITS),  # float32 overflow
+        (b'{"sequences": [[[1, 2]], [[2, 3], [4, 3.5e38]]]}', 2, LIMITS),
+        (b'{"sequences": [[[1, 2]], [[2, 3]]]}', 3, LIMITS),  # wrong width
+        (b'{"sequences": [[[1]], [[2]], [[3]]]}', 1, Limits(2, 10, 10)),
+        (b'{"sequences": [[[1]], [[2], [2], [2]], [[3], [3], [3]]]}', 1, Limits(5, 2, 10)),
+        (b'{"sequences": [[[1]], [[2], [2]], [[3], [3]]]}', 1, Limits(5, 5, 4)),
+        (b'{"sequences": [[[1e39]], [[2], [2]], [[3], [3]]]}', 1, Limits(5, 5, 4)),  # 413 first
+        (b'{"sequences": [[[1e39]]]}', 3, LIMITS),  # width first
+        (b'{"sequences": [[[1, 12345678901234567890123456789e20]]]}', 2, LIMITS),  # long, big
+    ],
+)
+def test_errors_equal_the_precise_path(body: bytes, width: int, limits: Limits) -> None:
+    got = fast(body, width, limits)
+    want = precise(body, width, limits)
+    assert isinstance(want, RequestError)
+    assert isinstance(got, RequestError), got
+    assert got.body() == want.body()
+    assert got.status == want.status
+
+
+def test_big_body_with_long_numbers() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 30, 4))
+    text = orjson.dumps({"sequences": x.tolist()}).decode()
+    text = text.replace("1,", "1000000000000000000000001,")  # some > 19 digits
+    body = text.encode()
+    assert same(fast(body, 4), precise(body, 4))
+
+
+# -- safetensors, content negotiation -----------------------------------------------------------
+
+
+def test_encode_safetensors_is_read_by_the_library() -> None:
+    from safetensors.numpy import load
+
+    data = np.arange(12, dtype=np.float32).reshape(6, 2)
+    lengths = np.array([1, 5], np.int64)
+    raw = wire.encode_safetensors({"sequences": data, "lengths": lengths}, {"model": "m"})
+    loaded = load(raw)
+    assert np.array_equal(loaded["sequences"], data)
+    assert np.array_equal(loaded["lengths"], lengths)
+    decoded = wire.decode(raw, wire.SAFETENSORS, "sequences", LIMITS)
+    assert decoded is not None
+    assert decoded.model == "m"
+    assert np.array_equal(decoded.sequences(2, "m").data, data)
+
+
+@pytest.mark.parametrize(
+    ("accept", "binary"),
+    [
+        (None, False), ("", False), ("*/*", False), ("application/json", False),
+        ("application/x-safetensors", True), ("application/x-safetensors, */*", True),
+        ("application/json, application/x-safetensors", True),
+        ("application/json;q=1, application/x-safetensors;q=0.5", False),
+        ("application/x-safetensors;q=0", False), ("application/X-Safetensors; q=0.9", True),
+        ("application/x-safetensors;q=bad", False),
+    ],
+)  # fmt: skip
+def test_accept_negotiation(accept: str | None, binary: bool) -> None:
+    assert wire.wants_safetensors(accept) is binary
+
+
+def test_content_type() -> None:
+    assert wire.is_safetensors("application/x-safetensors")
+    assert wire.is_safetensors("Application/X-Safetensors; charset=binary")
+    assert not wire.is_safetensors("application/json")
+    assert not wire.is_safetensors(None)
