@@ -361,14 +361,17 @@ class _Workspace:
     def reserve(self, rows: int, steps: int) -> None:
         """Room for ``rows`` packed rows and ``steps`` steps; growing drops captured graphs."""
         dt, dev = self.shape.dtype, self.shape.device
-        if rows > self.u.shape[0]:
+        grow_rows, grow_steps = rows > self.u.shape[0], steps > self.sched.shape[1]
+        if grow_rows or grow_steps:
+            if self.graphs and dev.type == "cuda":
+                torch.cuda.current_stream(dev).synchronize()  # no replay of them still running
+            self.graphs.clear()
+        if grow_rows:
             cap = _pow2(rows)
             self.u = torch.zeros(cap, self.shape.num_inputs, dtype=dt, device=dev)
             self.out = torch.zeros(cap, 2, dtype=dt, device=dev)
-            self.graphs.clear()
-        if steps > self.sched.shape[1]:
-            self.sched = torch.zeros(2, _pow2(steps), dtype=torch.int32, device=self.shape.device)
-            self.graphs.clear()
+        if grow_steps:
+            self.sched = torch.zeros(2, _pow2(steps), dtype=torch.int32, device=dev)
 
 
 # ---------------------------------------------------------------------------------------------
