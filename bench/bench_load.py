@@ -120,6 +120,7 @@ class Report:
     quick: bool
     binary: bool  # rnnserve answered the binary format, and its rows were measured
     baseline_threads: int | None = None
+    threads_how: str = "torch's default"
     notes: list[str] = field(default_factory=list)
 
     def cell(self, workload: str, server: ServerName, fmt: Format = "json") -> Cell | None:
@@ -134,7 +135,9 @@ class Report:
 
 
 @contextmanager
-def servers(urls: Mapping[ServerName, str] | None = None) -> Iterator[dict[ServerName, str]]:
+def servers(
+    urls: Mapping[ServerName, str] | None = None, baseline_threads: int | None = None
+) -> Iterator[dict[ServerName, str]]:
     """URLs of rnnserve (default settings) and of the naive baseline, up for the whole block.
 
     Both are started here (and stopped at the end) unless ``urls`` names running ones.
@@ -146,7 +149,7 @@ def servers(urls: Mapping[ServerName, str] | None = None) -> Iterator[dict[Serve
     with tempfile.TemporaryDirectory() as tmp:
         try:
             started[RNNSERVE] = start_server(Path(tmp))
-            started[BASELINE] = start_naive_server(Path(tmp))
+            started[BASELINE] = start_naive_server(Path(tmp), torch_threads=baseline_threads)
             yield {name: server.url for name, server in started.items()}
         finally:
             for server in started.values():
@@ -191,14 +194,21 @@ def run(
     workloads: Sequence[str] = ORDER,
     warmup_s: float = 1.0,
     urls: Mapping[ServerName, str] | None = None,
+    baseline_threads: int | None = None,
 ) -> Report:
     """Measure every (workload, server, format) cell ``repeats`` times, interleaved."""
     chosen = [WORKLOADS[w] for w in workloads]
-    with servers(urls) as up:
+    with servers(urls, baseline_threads) as up:
         has_binary = _detect_binary(up[RNNSERVE], binary)
         bodies = _bodies(chosen, has_binary)
         report = Report([], clients, seconds, repeats, quick, has_binary)
         report.baseline_threads = _baseline_threads(up[BASELINE])
+        if baseline_threads is not None:
+            report.threads_how = "set with `--baseline-torch-threads`"
+        elif urls is not None:
+            report.threads_how = "a server started outside the benchmark"
+        elif "OMP_NUM_THREADS" in os.environ:
+            report.threads_how = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
         cells = {
             (w.name, s, f): Cell(w.name, s, f) for w in chosen for s, f in _configs(has_binary)
         }
@@ -268,11 +278,12 @@ def sweep(
     workloads: Sequence[str] = ORDER,
     fractions: Sequence[float] = SWEEP_FRACTIONS,
     urls: Mapping[ServerName, str] | None = None,
+    baseline_threads: int | None = None,
 ) -> dict[str, Any]:
     """p50/p99 against offered load for every (workload, server, format); JSON-able."""
     chosen = [WORKLOADS[w] for w in workloads]
     series = []
-    with servers(urls) as up:
+    with servers(urls, baseline_threads) as up:
         has_binary = _detect_binary(up[RNNSERVE], binary)
         bodies = _bodies(chosen, has_binary)
         for w in chosen:
@@ -331,7 +342,7 @@ def _target_rows(report: Report, fmt: Format) -> list[str]:
 def render(report: Report, plots: dict[str, str] | None = None) -> str:
     """The ``bench_load`` section; ``plots`` maps workload -> image path relative to the doc."""
     threads = (
-        f"{report.baseline_threads} torch threads (torch's default)"
+        f"{report.baseline_threads} torch threads ({report.threads_how})"
         if report.baseline_threads is not None
         else "torch's default threads"
     )
@@ -431,6 +442,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also the open-loop sweep + plots")
     parser.add_argument("--rnnserve-url", help="a running rnnserve to load instead of starting one")
     parser.add_argument("--baseline-url", help="a running naive baseline (with --rnnserve-url)")
+    parser.add_argument(
+        "--baseline-torch-threads", type=int, default=None,
+        help="torch threads of the baseline it starts (default: torch's own choice)",
+    )  # fmt: skip
     parser.add_argument("--img-dir", type=Path, default=SWEEP_DATA.parent, help="plots folder")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file to write")
     args = parser.parse_args(argv)
@@ -445,11 +460,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = run(
         quick=args.quick, seconds=seconds, repeats=repeats, clients=clients,
         binary=args.binary, workloads=args.workloads, warmup_s=0.5 if args.quick else 1.0,
-        urls=urls,
+        urls=urls, baseline_threads=args.baseline_torch_threads,
     )  # fmt: skip
     if args.sweep:
         data = sweep(seconds=seconds, clients=clients, binary=args.binary,
-                     workloads=args.workloads, urls=urls)  # fmt: skip
+                     workloads=args.workloads, urls=urls,
+                     baseline_threads=args.baseline_torch_threads)  # fmt: skip
         args.img_dir.mkdir(parents=True, exist_ok=True)
         (args.img_dir / "load_sweep.json").write_text(json.dumps(data, indent=1) + "\n")
         from bench.plot_load import plot
