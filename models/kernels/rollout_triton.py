@@ -26,6 +26,10 @@ bucket (rows rounded up to a power of two, layers, hidden, inputs, dtype, device
 T + 1 steps run as full chunks plus the binary digits of the rest. Everything the graphs touch
 (weights, inputs, outputs, schedule, state) lives in that bucket's workspace, copied in and out
 per call. On the CPU (``TRITON_INTERPRET=1``) the same launches run without capture.
+
+Options to measure on the GPU (:class:`TritonRollout`): ``precision="tf32x3"`` (tensor cores in
+three TF32 passes, for large batches) and ``pdl=True`` (programmatic dependent launch, so each
+step kernel is scheduled while the one before finishes; aimed at B = 1, where launches dominate).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra import cuda as tl_cuda
 
 __all__ = [
     "KernelConfig",
@@ -153,7 +158,13 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
     BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # launched early (programmatic dependent launch): wait for the launch before,
+        # then let the next one be scheduled. Every program waits before its first load, so no
+        # launch completes before the one it follows.
+        tl_cuda.gdc_wait()
+        tl_cuda.gdc_launch_dependents()
     pid_b = tl.program_id(0)
     pid_h = tl.program_id(1)
     t = tl.load(base_ptr) + k
@@ -396,7 +407,9 @@ class TritonRollout:
     CUDA graphs (default: on CUDA devices) or launch every kernel from Python (the CPU path, and a
     reference for the graphs); ``precision``: ``tl.dot``'s ``input_precision`` for float32
     (``"ieee"`` matches the CPU to 1e-5; ``"tf32x3"`` uses tensor cores, to be measured);
-    ``config``: tiles, by default :func:`kernel_config`.
+    ``config``: tiles, by default :func:`kernel_config`; ``pdl``: launch the step kernels with
+    programmatic dependent launch (Hopper; each waits for the one before with ``gdc_wait``), so a
+    launch's scheduling overlaps the previous kernel: off until measured; CUDA only.
     """
 
     def __init__(
@@ -406,6 +419,7 @@ class TritonRollout:
         graphs: bool | None = None,
         precision: str = "ieee",
         config: KernelConfig | None = None,
+        pdl: bool = False,
     ) -> None:
         if max_chunk < 1 or max_chunk & (max_chunk - 1):
             raise ValueError(f"max_chunk must be a power of two, got {max_chunk}")
@@ -414,6 +428,7 @@ class TritonRollout:
         self.max_chunk = max_chunk
         self.graphs = graphs
         self.precision = precision
+        self.pdl = pdl
         self.config = config
         self._workspaces: dict[_Shape, _Workspace] = {}
         self._lock = threading.Lock()
@@ -580,6 +595,8 @@ class TritonRollout:
         s, cfg = ws.shape, ws.config
         grid = (triton.cdiv(s.rows, cfg.block_b), triton.cdiv(s.hidden, cfg.block_h))
         bs, off = ws.sched[0], ws.sched[1]
+        use_pdl = self.pdl and s.device.type == "cuda"  # the interpreter has no gdc_wait
+        pdl = {"launch_pdl": True} if use_pdl else {}
         for k in range(steps):
             for layer in range(s.layers):
                 _layer_step_kernel[grid](
@@ -587,10 +604,11 @@ class TritonRollout:
                     ws.b_out, bs, off, ws.base, k, layer, s.rows,
                     H=s.hidden, NI=s.num_inputs, L=s.layers, FIRST=layer == 0,
                     BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
-                    USE_DOT=cfg.use_dot, PRECISION=ws.precision, num_warps=cfg.num_warps,
+                    USE_DOT=cfg.use_dot, PRECISION=ws.precision, PDL=use_pdl,
+                    num_warps=cfg.num_warps, **pdl,
                 )  # fmt: skip
                 self.launches += 1
-        _advance_kernel[(1,)](ws.base, steps)
+        _advance_kernel[(1,)](ws.base, steps)  # a plain launch: after every program read base
         self.launches += 1
 
     def _compile(self, ws: _Workspace) -> None:
