@@ -1,9 +1,27 @@
-# rnnserve for GPU hosts (it also runs without a GPU: RNNSERVE_DEVICE=auto falls back to CPU).
+# rnnserve for GPU hosts; it also runs without a GPU (RNNSERVE_DEVICE=auto falls back to the CPU).
 #   docker build -t rnnserve .
 #   docker run --rm --gpus all -p 8000:8000 rnnserve
-# torch with CUDA 12.8 / cuDNN 9 (and Python 3.11) comes from the base image; installing rnnserve
-# keeps that torch: the project only asks for torch>=2.4, and the install is pinned to it.
-FROM pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
+# Two stages: `build` makes the wheel (models, service and the bundled weights) from the sources;
+# the final stage starts again from the CUDA PyTorch runtime image and installs only that wheel,
+# so no source tree, build tool or pip cache reaches the image that runs.
+
+# ---- build: the wheel (pure Python: the same wheel serves any Python 3.11+) ----------------------
+FROM python:3.11-slim-bookworm AS build
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_ROOT_USER_ACTION=ignore
+
+# Only what the wheel needs: the project metadata and the two packages. The bundled weights,
+# models/weights/*.safetensors, are package data and go into the wheel with `models`.
+COPY pyproject.toml README.md /src/
+COPY models/ /src/models/
+COPY service/ /src/service/
+
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
+
+# ---- runtime: CUDA 12.8 / cuDNN 9 PyTorch (and Python 3.11) from the base image ------------------
+FROM pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime AS runtime
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -13,26 +31,33 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 
-# Only what the wheel needs: the project metadata and the two packages. The bundled weights,
-# models/weights/*.safetensors, are package data and are installed with `models`.
-COPY pyproject.toml README.md /tmp/rnnserve-src/
-COPY models/ /tmp/rnnserve-src/models/
-COPY service/ /tmp/rnnserve-src/service/
+COPY --from=build /wheels/ /tmp/wheels/
 
 # Constrain torch to the base image's exact build so that resolving the project's dependencies
 # can never replace it; then check the installed package really carries its models.
 RUN python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" \
         > /tmp/torch-constraint.txt \
-    && python -m pip install --no-cache-dir --constraint /tmp/torch-constraint.txt /tmp/rnnserve-src \
-    && rm -rf /tmp/rnnserve-src /tmp/torch-constraint.txt \
+    && python -m pip install --no-cache-dir --constraint /tmp/torch-constraint.txt /tmp/wheels/rnnserve-*.whl \
+    && rm -rf /tmp/wheels /tmp/torch-constraint.txt \
     && python -c "import models; assert models.available() == ['smoother', 'traveller'], models.available()" \
     && rnnserve --help > /dev/null
 
-# A numeric UID:GID, so that Kubernetes' runAsNonRoot can verify it without /etc/passwd.
+# A numeric UID:GID, so that Kubernetes' runAsNonRoot can verify it without /etc/passwd. The numba
+# cache folder belongs to that user: the build-time warm-up below fills it.
 RUN groupadd --gid 10001 rnnserve \
-    && useradd --create-home --no-log-init --uid 10001 --gid 10001 --shell /usr/sbin/nologin rnnserve
+    && useradd --create-home --no-log-init --uid 10001 --gid 10001 --shell /usr/sbin/nologin rnnserve \
+    && install -d -o 10001 -g 10001 /var/cache/rnnserve/numba
+COPY deploy/docker/warmup.py /opt/rnnserve/warmup.py
+
 USER 10001:10001
 WORKDIR /home/rnnserve
+
+# numba writes its compiled kernels here (cache=True ones); Kubernetes mounts an emptyDir instead.
+ENV NUMBA_CACHE_DIR=/var/cache/rnnserve/numba
+
+# Compile at build time, not at first request: load and warm every bundled model on the CPU, as
+# the server's start-up does. A broken install or a kernel that no longer compiles fails the build.
+RUN python /opt/rnnserve/warmup.py
 
 # The service binds 127.0.0.1 by default; in a container it must listen on all interfaces.
 ENV RNNSERVE_HOST=0.0.0.0 \
@@ -41,8 +66,9 @@ ENV RNNSERVE_HOST=0.0.0.0 \
 EXPOSE 8000
 
 # Ready (200) once the models are loaded and warmed up; 503 while starting or draining.
-# No curl in the base image, so the probe is Python's urllib.
+# No curl in the base image, so the probe is Python's urllib, on whatever RNNSERVE_PORT says.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import os, sys, urllib.request; r = urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('RNNSERVE_PORT', '8000') + '/readyz', timeout=4); sys.exit(0 if r.status == 200 else 1)"]
 
-CMD ["rnnserve"]
+ENTRYPOINT ["rnnserve"]
+CMD []

@@ -37,4 +37,12 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   fi
 fi
 "${pip[@]}" -e ".${extras}"
+
+# --test: Prometheus and promtool for tests/integration/test_prometheus.py and the rule checks
+# (Debian's `prometheus` package). Skipped when promtool is already on PATH.
+if [ -n "$extras" ] && ! command -v promtool >/dev/null && command -v apt-get >/dev/null; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
 echo "installed rnnserve into $(pwd)/.venv"

@@ -1,9 +1,13 @@
-"""The Docker deployment files: Dockerfile, .dockerignore and docker-compose.yml.
+"""The deployment files: Dockerfile, .dockerignore, docker-compose.yml (+ deploy/compose/cpu.yml),
+the Grafana dashboard and the Kubernetes manifests (deploy/k8s).
 
-No Docker engine is needed: the Dockerfile is linted with hadolint and parsed, the compose file
-is validated against the vendored Compose Specification schema, and the image's install steps
-are replayed here (the same files copied, a wheel built and installed outside the repository,
-the bundled models loaded from that installed copy).
+No Docker engine or cluster is needed: the Dockerfile is linted with hadolint and parsed; the
+compose files (alone and merged) are validated against the vendored Compose Specification
+schema; the image's install steps are replayed here (the build stage's files copied, a wheel
+built and installed outside the repository, the build-time warm-up run, the bundled models
+loaded and the entrypoint started from that installed copy); the dashboard JSON must equal its
+generator's output; the kustomizations are built by a small model of kustomize and each
+resource validated against Kubernetes' schemas (kubernetes-validate).
 """
 
 from __future__ import annotations
@@ -12,29 +16,41 @@ import configparser
 import copy
 import fnmatch
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import httpx
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
 from service.config import Settings
+from service.metrics import Metrics
+from tests.e2e.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+COMPOSE_CPU = ROOT / "deploy" / "compose" / "cpu.yml"
 COMPOSE_SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
+DASHBOARD_PY = ROOT / "deploy" / "grafana" / "dashboard.py"
+DASHBOARD_JSON = ROOT / "deploy" / "grafana" / "dashboards" / "rnnserve.json"
+K8S = ROOT / "deploy" / "k8s"
+K8S_VERSION = "1.30.0"  # the oldest Kubernetes the manifests target
 WEIGHTS = ("smoother.safetensors", "traveller.safetensors")
 SERVICE_PORT = 8000
 
@@ -94,13 +110,35 @@ def env_vars(instructions: list[Instruction]) -> dict[str, str]:
     return env
 
 
-def copy_steps(instructions: list[Instruction]) -> list[tuple[list[str], str]]:
-    """(sources, destination) of each COPY from the build context."""
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    base: str
+    instructions: list[Instruction]
+
+
+def stages(instructions: list[Instruction]) -> list[Stage]:
+    """The build stages, in order: ``FROM image [AS name]`` and what follows it."""
+    out: list[Stage] = []
+    for inst in instructions:
+        if inst.keyword == "FROM":
+            words = inst.args.split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else str(len(out))
+            out.append(Stage(name, words[0], []))
+        else:
+            assert out, f"line {inst.line}: {inst.keyword} before FROM"
+            out[-1].instructions.append(inst)
+    return out
+
+
+def copy_steps(instructions: list[Instruction]) -> list[tuple[list[str], str, str | None]]:
+    """(sources, destination, --from stage or None) of each COPY."""
     steps = []
     for inst in only(instructions, "COPY"):
-        words = [w for w in shlex.split(inst.args) if not w.startswith("--")]
-        assert "--from" not in inst.args, "single-stage image expected"
-        steps.append((words[:-1], words[-1]))
+        words = shlex.split(inst.args)
+        source_stage = next((w.split("=", 1)[1] for w in words if w.startswith("--from=")), None)
+        words = [w for w in words if not w.startswith("--")]
+        steps.append((words[:-1], words[-1], source_stage))
     return steps
 
 
@@ -142,26 +180,52 @@ def test_hadolint_ignores_are_justified() -> None:
             assert len(previous.lstrip("# ")) >= 10, why
 
 
-def test_base_image_is_a_pinned_cuda_pytorch_runtime(dockerfile: list[Instruction]) -> None:
-    (base,) = only(dockerfile, "FROM")
-    image, _, tag = base.args.split()[0].partition(":")
+def runtime_stage(dockerfile: list[Instruction]) -> Stage:
+    return stages(dockerfile)[-1]
+
+
+def test_image_is_multi_stage_on_a_pinned_cuda_pytorch_runtime(
+    dockerfile: list[Instruction],
+) -> None:
+    all_stages = stages(dockerfile)
+    assert len(all_stages) >= 2, "a build stage, then the runtime stage"
+    final = all_stages[-1]
+    image, _, tag = final.base.partition(":")
     assert image == "pytorch/pytorch"
     match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)-cuda(\d+\.\d+)-cudnn(\d+)-runtime", tag)
     assert match, f"expected a pinned <torch>-cuda<x.y>-cudnn<n>-runtime tag, got {tag!r}"
     assert (int(match[1]), int(match[2])) >= (2, 4), "the project requires torch>=2.4"
+    for stage in all_stages:
+        assert ":" in stage.base, f"{stage.base}: pin a tag"
+        assert not stage.base.endswith(":latest"), stage.base
 
 
-def test_dockerfile_installs_the_project_keeping_the_images_torch(
+def test_only_the_wheel_and_the_warmup_reach_the_runtime_stage(
     dockerfile: list[Instruction],
 ) -> None:
-    steps = copy_steps(dockerfile)
-    sources = [s.rstrip("/") for srcs, _ in steps for s in srcs]
+    build, final = stages(dockerfile)[0], runtime_stage(dockerfile)
+    # The build stage copies the sources and makes the wheel.
+    sources = [s.rstrip("/") for srcs, _, _ in copy_steps(build.instructions) for s in srcs]
     for needed in ("pyproject.toml", "models", "service"):
-        assert needed in sources, f"the Dockerfile does not COPY {needed}"
+        assert needed in sources, f"the build stage does not COPY {needed}"
     for src in sources:
         assert (ROOT / src).exists(), f"COPY source {src} is missing from the repository"
+    assert re.search(
+        r"pip wheel .*--no-deps", " ".join(i.args for i in only(build.instructions, "RUN"))
+    )
+    # The runtime stage gets the wheel from the build stage and one script from the context.
+    final_copies = copy_steps(final.instructions)
+    from_build = [c for c in final_copies if c[2] == build.name]
+    from_context = [s for srcs, _, st in final_copies if st is None for s in srcs]
+    assert from_build, "the runtime stage does not COPY --from the build stage"
+    assert from_context == ["deploy/docker/warmup.py"], from_context
 
-    runs = " && ".join(i.args for i in only(dockerfile, "RUN"))
+
+def test_dockerfile_installs_the_wheel_keeping_the_images_torch(
+    dockerfile: list[Instruction],
+) -> None:
+    final = runtime_stage(dockerfile)
+    runs = " && ".join(i.args for i in only(final.instructions, "RUN"))
     install = re.search(r"pip install (.+?)(?:&&|$)", runs)
     assert install, "no pip install step"
     args = install[1].split()
@@ -169,12 +233,14 @@ def test_dockerfile_installs_the_project_keeping_the_images_torch(
     # Torch is constrained to the base image's build so pip never fetches another one.
     assert "--constraint" in args or "-c" in args
     assert "torch==" in runs
-    # What pip installs is the folder the sources were copied into.
-    target = args[-1].rstrip("/")
-    dests = {PurePosixPath(d.rstrip("/")) for _, d in steps}
-    assert any(d == PurePosixPath(target) or PurePosixPath(target) in d.parents for d in dests)
+    # What pip installs is the wheel copied from the build stage.
+    target = PurePosixPath(args[-1])
+    assert target.name.startswith("rnnserve-"), target
+    assert target.suffix == ".whl", target
+    dests = {PurePosixPath(d) for _, d, st in copy_steps(final.instructions) if st}
+    assert target.parent in dests, (target, dests)
 
-    env = env_vars(dockerfile)
+    env = env_vars(final.instructions)
     assert env.get("PYTHONDONTWRITEBYTECODE") == "1"
     assert env.get("PYTHONUNBUFFERED") == "1"
     assert env.get("RNNSERVE_HOST") == "0.0.0.0"
@@ -183,25 +249,37 @@ def test_dockerfile_installs_the_project_keeping_the_images_torch(
 
 
 def test_dockerfile_runs_rnnserve_as_non_root(dockerfile: list[Instruction]) -> None:
-    users = only(dockerfile, "USER")
+    final = runtime_stage(dockerfile).instructions
+    users = only(final, "USER")
     assert users, "the image runs as root"
     user = users[-1]
     name, _, group = user.args.partition(":")
     assert name not in {"root", "0"}
     assert group not in {"root", "0"}
     if name.isdigit():  # a numeric UID must be an account the image creates
-        runs = " ".join(i.args for i in only(dockerfile, "RUN"))
+        runs = " ".join(i.args for i in only(final, "RUN"))
         assert re.search(rf"useradd\b.*--uid {name}\b", runs), f"no useradd --uid {name}"
 
-    (cmd,) = only(dockerfile, "CMD")
-    assert exec_form(cmd.args) == ["rnnserve"]
-    assert cmd.line > user.line, "CMD must come after USER"
-    assert not only(dockerfile, "ENTRYPOINT")
-    (expose,) = only(dockerfile, "EXPOSE")
+    (entrypoint,) = only(final, "ENTRYPOINT")
+    assert exec_form(entrypoint.args) == ["rnnserve"]
+    assert entrypoint.line > user.line, "ENTRYPOINT must come after USER"
+    for cmd in only(final, "CMD"):
+        assert exec_form(cmd.args) == [], "flags go after the image name: docker run rnnserve --..."
+    (expose,) = only(final, "EXPOSE")
     assert expose.args.split() == [str(SERVICE_PORT)]
 
 
-def test_healthcheck_probes_readyz_with_urllib(dockerfile: list[Instruction]) -> None:
+def test_kernels_compile_at_build_time_as_the_runtime_user(dockerfile: list[Instruction]) -> None:
+    final = runtime_stage(dockerfile).instructions
+    (user,) = only(final, "USER")
+    warm = [i for i in only(final, "RUN") if "warmup.py" in i.args]
+    assert len(warm) == 1, "one RUN that loads and warms the models"
+    assert warm[0].line > user.line, "warm up as the runtime user, so it owns the caches"
+    assert env_vars(final).get("NUMBA_CACHE_DIR"), "numba needs a cache folder it can write"
+    assert (ROOT / "deploy" / "docker" / "warmup.py").is_file()
+
+
+def test_healthcheck_probes_readyz_on_the_configured_port(dockerfile: list[Instruction]) -> None:
     (health,) = only(dockerfile, "HEALTHCHECK")
     options, _, command = health.args.partition("CMD ")
     assert "--start-period=" in options, "model load and warm-up need a start period"
@@ -209,6 +287,7 @@ def test_healthcheck_probes_readyz_with_urllib(dockerfile: list[Instruction]) ->
     assert argv[:2] == ["python", "-c"]
     assert "urllib.request" in argv[2]
     assert "http://127.0.0.1:" in argv[2]
+    assert "RNNSERVE_PORT" in argv[2], "the probe follows RNNSERVE_PORT"
     assert "/readyz" in argv[2]
     compile(argv[2], "<healthcheck>", "exec")  # it is valid Python
 
@@ -242,11 +321,12 @@ def test_dockerignore_keeps_the_build_inputs_and_drops_the_rest(
     dockerfile: list[Instruction],
 ) -> None:
     patterns = dockerignore_patterns()
-    for src in (s.rstrip("/") for srcs, _ in copy_steps(dockerfile) for s in srcs):
+    context = [s.rstrip("/") for srcs, _, st in copy_steps(dockerfile) if st is None for s in srcs]
+    for src in context:
         assert not ignored(src, patterns), f".dockerignore drops {src}, which the image COPYs"
     for weight in WEIGHTS:
         assert not ignored(f"models/weights/{weight}", patterns)
-    for path in (".venv", ".git", "tests", "bench", "docs", ".pytest_cache", ".mypy_cache"):
+    for path in (".venv", ".git", "tests", "bench", "docs", "deploy/k8s", ".pytest_cache"):
         assert ignored(path, patterns), f".dockerignore should exclude {path}"
     assert ignored("models/__pycache__/x.cpython-311.pyc", patterns)
 
@@ -254,11 +334,67 @@ def test_dockerignore_keeps_the_build_inputs_and_drops_the_rest(
 # -- docker-compose.yml ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def compose() -> dict[str, Any]:
-    data = yaml.safe_load(COMPOSE_FILE.read_text())
+class ComposeLoader(yaml.SafeLoader):
+    """YAML as Compose reads it: ``!reset`` drops a key when files are merged."""
+
+
+RESET = object()
+ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
+
+
+def load_compose(path: Path) -> dict[str, Any]:
+    data = yaml.load(path.read_text(), Loader=ComposeLoader)
     assert isinstance(data, dict)
     return data
+
+
+def without_resets(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_resets(v) for k, v in value.items() if v is not RESET}
+    if isinstance(value, list):
+        return [without_resets(v) for v in value if v is not RESET]
+    return value
+
+
+def merge_compose(base: Any, override: Any) -> Any:
+    """Compose's merge of an override file, for what our files use: mappings merge key by key,
+    ``!reset`` removes, sequences and scalars are replaced."""
+    if override is RESET:
+        return RESET
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for key, value in override.items():
+            merged = merge_compose(base.get(key), value) if key in base else value
+            if merged is RESET:
+                out.pop(key, None)
+            else:
+                out[key] = merged
+        return out
+    return override
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """``${NAME:-default}`` and ``${NAME}`` as Compose substitutes them."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if isinstance(value, str):
+        pattern = r"\$\{(\w+)(?::-([^}]*))?\}"
+        return re.sub(pattern, lambda m: env.get(m[1]) or (m[2] or ""), value)
+    return value
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return without_resets(load_compose(COMPOSE_FILE))
+
+
+@pytest.fixture(scope="module")
+def compose_cpu() -> dict[str, Any]:
+    merged = merge_compose(load_compose(COMPOSE_FILE), load_compose(COMPOSE_CPU))
+    assert isinstance(merged, dict)
+    return without_resets(merged)
 
 
 @pytest.fixture(scope="module")
@@ -271,14 +407,23 @@ def compose_validator() -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
-def test_compose_file_matches_the_compose_spec_schema(
-    compose: dict[str, Any], compose_validator: jsonschema.protocols.Validator
-) -> None:
-    errors = [
-        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-        for e in compose_validator.iter_errors(compose)
+def schema_errors(validator: jsonschema.protocols.Validator, data: Any) -> list[str]:
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(data)
     ]
-    assert errors == []
+
+
+def test_compose_files_match_the_compose_spec_schema(
+    compose: dict[str, Any],
+    compose_cpu: dict[str, Any],
+    compose_validator: jsonschema.protocols.Validator,
+) -> None:
+    assert schema_errors(compose_validator, compose) == []
+    assert schema_errors(compose_validator, interpolate(compose, {})) == []
+    # the override alone (as Compose reads it, before merging) and the merged CPU variant
+    override = without_resets(load_compose(COMPOSE_CPU))
+    assert schema_errors(compose_validator, override) == []
+    assert schema_errors(compose_validator, compose_cpu) == []
 
 
 def test_compose_schema_rejects_a_broken_file(
@@ -289,7 +434,13 @@ def test_compose_schema_rejects_a_broken_file(
     del svc["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"]
     svc["healthcheck"]["interval"] = 15  # a duration must be a string
     svc["gpu_count"] = 1  # no such key
-    assert len(list(compose_validator.iter_errors(broken))) >= 3
+    broken["services"]["dcgm-exporter"]["profiles"] = "gpu"  # must be a list
+    assert len(schema_errors(compose_validator, broken)) >= 4
+
+
+def gpu_devices(svc: dict[str, Any]) -> list[dict[str, Any]]:
+    devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    return [d for d in devices if d.get("driver") == "nvidia" and "gpu" in d["capabilities"]]
 
 
 def test_compose_service_reserves_a_gpu_and_checks_readiness(compose: dict[str, Any]) -> None:
@@ -297,23 +448,54 @@ def test_compose_service_reserves_a_gpu_and_checks_readiness(compose: dict[str, 
     build = svc["build"]
     assert (ROOT / build["context"] / build.get("dockerfile", "Dockerfile")).resolve() == DOCKERFILE
 
-    published = [str(p) for p in svc["ports"]]
-    assert any(p.split(":")[-1] == str(SERVICE_PORT) for p in published), published
-
-    devices = svc["deploy"]["resources"]["reservations"]["devices"]
-    gpus = [d for d in devices if d.get("driver") == "nvidia" and "gpu" in d["capabilities"]]
-    assert gpus, devices
+    gpus = gpu_devices(svc)
+    assert gpus, "no GPU reservation"
     assert gpus[0].get("count") in (1, "all") or gpus[0].get("device_ids")
 
     health = svc["healthcheck"]
     test = health["test"]
     assert test[:2] == ["CMD", "python"]
     assert "urllib.request" in test[-1]
-    assert f"http://127.0.0.1:{SERVICE_PORT}/readyz" in test[-1]
+    assert "/readyz" in test[-1]
+    assert "RNNSERVE_PORT" in test[-1], "the probe follows RNNSERVE_PORT, not a fixed port"
     compile(test[-1], "<healthcheck>", "exec")
     assert {"interval", "timeout", "retries", "start_period"} <= health.keys()
-
     assert svc["restart"] in {"always", "unless-stopped", "on-failure"}
+
+
+def seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", duration)
+    assert parts, duration
+    assert "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_compose_stop_grace_outlasts_both_drain_phases(compose: dict[str, Any]) -> None:
+    svc = compose["services"]["rnnserve"]
+    drain = float(svc["environment"].get("RNNSERVE_DRAIN_TIMEOUT_S", Settings().drain_timeout_s))
+    # uvicorn's graceful shutdown, then the batchers' drain: each up to drain_timeout_s
+    assert seconds(svc["stop_grace_period"]) > 2 * drain
+
+
+def test_compose_scales_without_fixed_host_ports(compose: dict[str, Any]) -> None:
+    published = [str(p) for p in compose["services"]["rnnserve"]["ports"]]
+    assert published, "rnnserve is published (on ephemeral host ports)"
+    for port in published:
+        assert ":" not in port, f"{port}: a fixed host port blocks docker compose --scale"
+        assert port == str(SERVICE_PORT)
+
+
+def test_compose_mounts_the_users_model_dir(compose: dict[str, Any]) -> None:
+    svc = compose["services"]["rnnserve"]
+    target = svc["environment"]["RNNSERVE_MODEL_DIR"]
+    (volume,) = [v for v in svc["volumes"] if isinstance(v, dict) and v["target"] == target]
+    assert volume["read_only"] is True
+    assert "${RNNSERVE_MODEL_DIR" in volume["source"]
+    default = interpolate(volume["source"], {})
+    weights = (ROOT / default).resolve()
+    assert sorted(p.name for p in weights.glob("*.safetensors")) == list(WEIGHTS)
+    assert interpolate(volume["source"], {"RNNSERVE_MODEL_DIR": "/srv/m"}) == "/srv/m"
 
 
 def test_compose_environment_names_real_settings(
@@ -335,6 +517,296 @@ def test_compose_environment_names_real_settings(
     assert settings.max_batch_size == int(env["RNNSERVE_MAX_BATCH_SIZE"])
 
 
+def test_compose_monitoring_stack_is_wired(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert {"rnnserve", "prometheus", "grafana", "dcgm-exporter"} <= services.keys()
+    # every bind-mounted host path exists in the repository
+    for name, svc in services.items():
+        for volume in svc.get("volumes", []):
+            source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
+            source = interpolate(source, {})
+            if source.startswith("."):
+                assert (ROOT / source).exists(), f"{name}: {source} is missing"
+    prom_cfg = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in prom_cfg["scrape_configs"]}
+    names = {n for sd in jobs["rnnserve"]["dns_sd_configs"] for n in sd["names"]}
+    assert names == {"rnnserve"}, "Prometheus finds every replica by the service's DNS name"
+    assert jobs["rnnserve"]["dns_sd_configs"][0]["port"] == SERVICE_PORT
+    assert {n for sd in jobs["dcgm"]["dns_sd_configs"] for n in sd["names"]} == {"dcgm-exporter"}
+    # DCGM only in the gpu profile; the core stack in none
+    assert services["dcgm-exporter"]["profiles"] == ["gpu"]
+    assert gpu_devices(services["dcgm-exporter"])
+    for name in ("rnnserve", "prometheus", "grafana"):
+        assert "profiles" not in services[name], name
+    datasources = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )
+    assert datasources["datasources"][0]["url"] == "http://prometheus:9090"
+    grafana_env = services["grafana"]["environment"]
+    home = grafana_env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert PurePosixPath(home).name == DASHBOARD_JSON.name
+
+
+def test_compose_cpu_variant_has_no_gpu(compose_cpu: dict[str, Any]) -> None:
+    svc = compose_cpu["services"]["rnnserve"]
+    assert gpu_devices(svc) == []
+    assert svc["environment"]["RNNSERVE_DEVICE"] == "cpu"
+    # everything else is the GPU file's
+    assert svc["healthcheck"]["test"][:2] == ["CMD", "python"]
+    assert "prometheus" in compose_cpu["services"]
+
+
+# -- the Grafana dashboard -------------------------------------------------------------------
+
+
+def dashboard_generator() -> Any:
+    spec = importlib.util.spec_from_file_location("rnnserve_dashboard", DASHBOARD_PY)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_dashboard_is_the_generators_output() -> None:
+    """To regenerate:
+    .venv/bin/python deploy/grafana/dashboard.py > deploy/grafana/dashboards/rnnserve.json"""
+    assert DASHBOARD_JSON.read_text() == dashboard_generator().render()
+
+
+# The metrics README.md documents (SYSTEM.md's list); a metric added later joins the dashboard
+# when it is documented.
+DOCUMENTED_METRICS = (
+    "rnnserve_request_duration_seconds",
+    "rnnserve_queue_wait_seconds",
+    "rnnserve_batch_compute_seconds",
+    "rnnserve_batch_requests",
+    "rnnserve_batch_sequences",
+    "rnnserve_batch_timesteps",
+    "rnnserve_batch_active_fraction",
+    "rnnserve_batch_failures_total",
+    "rnnserve_queue_depth",
+    "rnnserve_requests_in_flight",
+    "rnnserve_requests_rejected_total",
+)
+
+
+def test_dashboard_covers_every_documented_metric() -> None:
+    data = json.loads(DASHBOARD_JSON.read_text())
+    exprs = " ".join(t["expr"] for p in data["panels"] for t in p.get("targets", []))
+    served = metric_names()
+    for name in DOCUMENTED_METRICS:
+        assert name.removesuffix("_total") in served, f"{name} is no longer exported"
+        assert name in exprs, f"no panel shows {name}"
+    assert "DCGM_FI_DEV_FB_USED" in exprs
+    ids = [p["id"] for p in data["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+
+
+# -- Kubernetes ------------------------------------------------------------------------------
+
+
+def k8s_docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def strategic_merge(base: Any, patch: Any) -> Any:
+    """Kubernetes' strategic merge for what the overlays use: mappings merge, ``null`` deletes
+    a key, lists of named objects (containers, env, ports, volumes) merge by ``name``, other
+    lists are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for key, value in patch.items():
+            if value is None:
+                out.pop(key, None)
+            elif key in base:
+                out[key] = strategic_merge(base[key], value)
+            else:
+                out[key] = value
+        return out
+    if (
+        isinstance(base, list)
+        and isinstance(patch, list)
+        and all(isinstance(x, dict) and "name" in x for x in base + patch)
+    ):
+        merged = {x["name"]: x for x in base}
+        for item in patch:
+            merged[item["name"]] = strategic_merge(merged.get(item["name"], {}), item)
+        return list(merged.values())
+    return patch
+
+
+def kustomize(folder: Path) -> list[dict[str, Any]]:
+    """What ``kustomize build`` makes of our kustomizations: resources (files or folders),
+    strategic-merge patches by kind and name, images and labels. Fails on anything else, so a
+    feature used in the files but not modelled here is noticed. (No kustomize binary: it is not
+    in the registries this project installs from.)"""
+    kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    assert kust["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kust["kind"] == "Kustomization"
+    known = {"apiVersion", "kind", "resources", "patches", "images", "labels"}
+    assert set(kust) <= known, set(kust) - known
+    resources: list[dict[str, Any]] = []
+    for entry in kust["resources"]:
+        path = (folder / entry).resolve()
+        assert path.exists(), f"{folder}: resource {entry} is missing"
+        resources += kustomize(path) if path.is_dir() else k8s_docs(path)
+    for patch_entry in kust.get("patches", []):
+        assert set(patch_entry) == {"path"}, patch_entry
+        (patch,) = k8s_docs(folder / patch_entry["path"])
+        targets = [
+            r
+            for r in resources
+            if r["kind"] == patch["kind"] and r["metadata"]["name"] == patch["metadata"]["name"]
+        ]
+        assert len(targets) == 1, f"patch {patch_entry['path']} matches {len(targets)} resources"
+        index = resources.index(targets[0])
+        resources[index] = strategic_merge(targets[0], patch)
+    for image in kust.get("images", []):
+        for r in resources:
+            spec = r.get("spec", {}).get("template", {}).get("spec", {})
+            for c in spec.get("containers", []) + spec.get("initContainers", []):
+                if c["image"] == image["name"]:
+                    c["image"] = f"{image.get('newName', image['name'])}:{image['newTag']}"
+    for label in kust.get("labels", []):
+        assert label.get("includeSelectors") is False
+        for r in resources:
+            r["metadata"].setdefault("labels", {}).update(label["pairs"])
+    return resources
+
+
+@pytest.fixture(scope="module", params=["base", "overlays/cpu"])
+def k8s_build(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, kustomize(K8S / request.param)
+
+
+def by_kind(resources: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [r for r in resources if r["kind"] == kind]
+    return found
+
+
+def test_k8s_resources_validate_against_kubernetes_schemas(
+    k8s_build: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """Built-in kinds against kubernetes-validate's schemas for Kubernetes 1.30 (strict: no
+    unknown fields); the Prometheus Operator's kinds (CRDs, not in those schemas) are checked
+    by the tests below for the fields the operator needs."""
+    _, resources = k8s_build
+    checked = set()
+    for r in resources:
+        if r["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue
+        try:
+            kubernetes_validate.validate(r, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{r['kind']}/{r['metadata']['name']}: {exc.message} at {exc.path}")
+        checked.add(r["kind"])
+    assert checked == {
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+    }
+
+
+def test_k8s_validation_catches_a_broken_deployment() -> None:
+    deployment = copy.deepcopy(by_kind(kustomize(K8S / "base"), "Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"] = [
+        8000
+    ]
+    deployment["spec"]["replicaz"] = 2
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+def test_k8s_deployment_probes_drain_and_security(
+    k8s_build: tuple[str, list[dict[str, Any]]],
+) -> None:
+    variant, resources = k8s_build
+    pod = by_kind(resources, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "rnnserve:0.1.0"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    for name in (n for n in env if n.startswith("RNNSERVE_")):
+        assert name.removeprefix("RNNSERVE_").lower() in Settings.model_fields, name
+    port = int(env["RNNSERVE_PORT"])
+    assert container["ports"][0]["containerPort"] == port
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120, "time to warm up"
+
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    drain = float(env["RNNSERVE_DRAIN_TIMEOUT_S"])
+    assert pod["terminationGracePeriodSeconds"] > int(pre_stop[1]) + 2 * drain
+
+    limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+    assert {"cpu", "memory"} <= requests.keys()
+    assert "memory" in limits
+    if variant == "base":
+        assert limits["nvidia.com/gpu"] == requests["nvidia.com/gpu"] == 1
+        assert env["RNNSERVE_DEVICE"] in ("auto", "cuda")
+    else:
+        assert "nvidia.com/gpu" not in limits
+        assert "nvidia.com/gpu" not in requests
+        assert env["RNNSERVE_DEVICE"] == "cpu"
+        assert "tolerations" not in pod
+
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001  # the image's user
+    for c in pod["containers"] + pod.get("initContainers", []):
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+    # every cache the process writes lives on the emptyDir
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    for key in ("NUMBA_CACHE_DIR", "TRITON_CACHE_DIR", "XDG_CACHE_HOME"):
+        assert env[key].startswith("/tmp/"), key
+
+
+def test_k8s_service_hpa_and_monitoring_fit_together(
+    k8s_build: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, resources = k8s_build
+    deployment = by_kind(resources, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    service = by_kind(resources, "Service")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    # the ServiceMonitor's job label is the Service's name; the alert rules expect "rnnserve"
+    assert service["metadata"]["name"] == "rnnserve"
+    monitor = by_kind(resources, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    assert endpoint["path"] == "/metrics"
+
+    hpa = by_kind(resources, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    kinds = {m["type"]: m for m in hpa["spec"]["metrics"]}
+    assert kinds["Pods"]["pods"]["metric"]["name"] in metric_names()
+    assert kinds["Resource"]["resource"]["name"] == "cpu"
+    adapter = yaml.safe_load((K8S / "prometheus-adapter" / "values.yaml").read_text())
+    served = {rule["name"]["as"] for rule in adapter["rules"]["custom"]}
+    assert kinds["Pods"]["pods"]["metric"]["name"] in served
+
+    rule = by_kind(resources, "PrometheusRule")
+    rules_file = yaml.safe_load((ROOT / "deploy/prometheus/rnnserve.rules.yml").read_text())
+    assert rule["spec"]["groups"] == rules_file["groups"]
+
+
+def metric_names() -> set[str]:
+    return {m.name for m in Metrics().registry.collect()}
+
+
 # -- the image's install steps, replayed -----------------------------------------------------
 
 
@@ -346,15 +818,14 @@ class Installed:
     env: dict[str, str]
 
 
-def stage_build_context(dockerfile: list[Instruction], stage: Path) -> Path:
-    """Copy what the Dockerfile COPYs, where it copies it; return the folder pip installs."""
-    steps = copy_steps(dockerfile)
-    runs = " && ".join(i.args for i in only(dockerfile, "RUN"))
-    install = re.search(r"pip install (.+?)(?:&&|$)", runs)
-    assert install
-    target = PurePosixPath(install[1].split()[-1])
+def stage_build_context(build: Stage, stage: Path) -> Path:
+    """Copy what the build stage COPYs, where it copies it; return the folder pip wheels."""
+    runs = " && ".join(i.args for i in only(build.instructions, "RUN"))
+    wheel = re.search(r"pip wheel (.+?)(?:&&|$)", runs)
+    assert wheel
+    target = PurePosixPath(wheel[1].split()[-1])
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo")
-    for sources, dest in steps:
+    for sources, dest, _ in copy_steps(build.instructions):
         dest_path = PurePosixPath(dest)
         assert dest_path == target or target in dest_path.parents, (
             f"COPY to {dest} outside {target}"
@@ -373,7 +844,7 @@ def stage_build_context(dockerfile: list[Instruction], stage: Path) -> Path:
 @pytest.fixture(scope="module")
 def installed(dockerfile: list[Instruction], tmp_path_factory: pytest.TempPathFactory) -> Installed:
     base = tmp_path_factory.mktemp("deploy")
-    source = stage_build_context(dockerfile, base / "src")
+    source = stage_build_context(stages(dockerfile)[0], base / "src")
     dist, site, outside = base / "dist", base / "site", base / "elsewhere"
     outside.mkdir()
     assert not outside.is_relative_to(ROOT)
@@ -394,7 +865,12 @@ def installed(dockerfile: list[Instruction], tmp_path_factory: pytest.TempPathFa
         timeout=120,
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RNNSERVE_")}
-    env.update(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+    env.update(
+        PYTHONPATH=str(site),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONUNBUFFERED="1",
+        NUMBA_CACHE_DIR=str(base / "numba-cache"),
+    )
     return Installed(wheel, site, outside, env)
 
 
@@ -422,7 +898,7 @@ def run_installed(installed: Installed, *cmd: str) -> subprocess.CompletedProces
         env=installed.env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         check=False,
     )
 
@@ -444,7 +920,14 @@ def test_installed_copy_loads_its_bundled_models(installed: Installed) -> None:
     assert report["loaded"] == {"smoother": "smoother", "traveller": "traveller"}
 
 
-def test_installed_copy_runs_the_cli(installed: Installed) -> None:
+def test_installed_copy_runs_the_images_warmup(installed: Installed) -> None:
+    """The image's build-time RUN: load and warm every bundled model (compiles the kernels)."""
+    proc = run_installed(installed, sys.executable, str(ROOT / "deploy" / "docker" / "warmup.py"))
+    assert proc.returncode == 0, proc.stderr
+    assert "warmed smoother, traveller" in proc.stdout
+
+
+def test_installed_copy_runs_the_cli_and_serves(installed: Installed) -> None:
     proc = run_installed(installed, sys.executable, "-m", "service", "--help")
     assert proc.returncode == 0, proc.stderr
     assert "usage: rnnserve" in proc.stdout
@@ -455,3 +938,31 @@ def test_installed_copy_runs_the_cli(installed: Installed) -> None:
     proc = run_installed(installed, str(script), "--help")
     assert proc.returncode == 0, proc.stderr
     assert "usage: rnnserve" in proc.stdout
+
+    # The image's entrypoint, started from the installed copy (on loopback, not 0.0.0.0).
+    port = free_port()
+    log = installed.outside / "serve.log"
+    env = {**installed.env, "RNNSERVE_HOST": "127.0.0.1", "RNNSERVE_PORT": str(port)}
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, str(script)], cwd=installed.outside, env=env, stdout=out, stderr=out
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert server.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        r = httpx.post(f"{url}/smooth", json={"sequences": [[[0.5] * 16] * 3]}, timeout=10)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["sequences"][0]) == 3
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+    assert code in (0, -signal.SIGTERM), log.read_text()
