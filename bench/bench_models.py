@@ -1,19 +1,32 @@
-"""Benchmark of the model kernels, as ratios measured in one run.
+"""Benchmark of the model kernels, as ratios measured in one run, on the CPU or on CUDA.
 
 Usage::
 
-    python -m bench.bench_models [--quick] [--out docs/BENCHMARKS.md]
+    python -m bench.bench_models [--device cpu|cuda] [--quick] [--out docs/BENCHMARKS.md]
 
-Every implementation is warmed up, then timed in round-robin rounds (so slow drift of a shared,
-noisy machine hits all of them alike); each is reported as the median time per call with the
-min-max spread, and as a ratio against a reference measured in the same rounds:
+Every implementation is first checked against a float64 reference (max abs error 1e-5 over the
+real steps), warmed up, then timed in round-robin rounds (so slow drift of a shared, noisy
+machine hits all of them alike); each is reported as the median time per call with the min-max
+spread, in µs per time step, and as a ratio against a floor measured in the same rounds:
 
-- smoother: one ``torch.tanh`` pass over the same packed data (the floor, per MEASURED.md);
-- Traveller: PyTorch's teacher-forced ``nn.LSTM`` + output layer over the same padded batch, in
-  one call (the bound: it skips the feedback, so it can run the whole sequence in oneDNN).
+- smoother: on the CPU one ``torch.tanh`` pass over the same packed data (the floor, per
+  MEASURED.md); on CUDA a device-to-device copy of the same bytes;
+- Traveller: PyTorch's teacher-forced ``nn.LSTM`` (oneDNN on the CPU, cuDNN on CUDA) + output
+  layer over the same padded batch, in one call (the bound: it skips the feedback, so it can run
+  the whole sequence in one library call).
 
-Torch is pinned to one thread. Compile and first-call times are reported apart. The result is a
-markdown section written into ``--out`` (replacing the section of an earlier run, if any).
+JAX (the optional ``bench`` extra) is measured in the same rounds: ``lax.scan`` and
+``lax.associative_scan`` for the smoother, ``lax.scan`` of the autoregressive rollout
+(``bench/jax_baselines.py``); without JAX its rows are skipped with a note. Backends that other
+modules may or may not provide yet (the Triton smoother kernel, the numba and Triton rollout
+backends) are discovered at run time and skipped, with the reason, when absent.
+
+On the CPU the process is pinned to one core and torch to one thread. On CUDA every sample
+synchronises before and after its calls (``torch.cuda.synchronize``; ``block_until_ready`` for
+JAX) and TF32 is off. Compile and capture times (numba and Triton first calls, TorchScript, JAX
+jit, CUDA graph capture) are reported apart. The result is a markdown section written into
+``--out`` (replacing the section of an earlier run on the same device, if any) and printed.
+Exit status 1 when an implementation disagreed with the reference (it is listed, not timed).
 """
 
 from __future__ import annotations
@@ -23,80 +36,164 @@ import contextlib
 import copy
 import datetime as dt
 import gc
+import importlib
 import math
 import os
 import platform
 import statistics
 import sys
 import time
+import traceback
+import typing
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
+import models.smoothing
 from models.kernels import ema_packed_numba, ema_packed_torch
-from models.packing import pack, unpack
+from models.packing import pack
 from models.smoothing import LinearRecursion
-from models.traveller import Traveller, TravellerConfig, scripted_rollout
+from models.traveller import (
+    ROLLOUT_BACKENDS,
+    RolloutBackend,
+    Traveller,
+    TravellerConfig,
+    rollout_backend_fn,
+    scripted_rollout,
+)
 
 BEGIN = "<!-- bench_models:begin -->"
 END = "<!-- bench_models:end -->"
+BEGIN_CUDA = "<!-- bench_models_cuda:begin -->"
+END_CUDA = "<!-- bench_models_cuda:end -->"
 DEFAULT_OUT = Path("docs/BENCHMARKS.md")
+TOLERANCE = 1e-5  # max abs error against the float64 reference, over the real steps
 
-# MEASURED.md's figures that the "expected / got" paragraph compares against.
+# MEASURED.md's CPU figures that the "expected / got" paragraph compares against.
 EXPECTED_SMOOTHER = {"ema_packed_numba": 1.7, "ema_packed_torch": 30.0, "seed-style": 6000.0}
 EXPECTED_TS_HIDDEN64 = {1: 26 / 10, 64: 209 / 100}  # fused cells + TorchScript vs nn.LSTM
 EXPECTED_EAGER_HIDDEN64 = {1: 42 / 10, 64: 193 / 100}  # fused cells, eager vs nn.LSTM
 EXPECTED_CPP_ATEN = {1: 2.00, 64: 1.20}  # C++ loop of ATen calls, default shapes
-EXPECTED_JAX = {1: 0.94, 64: 0.80}  # JAX lax.scan rollout, default shapes
+EXPECTED_JAX = {1: 0.94, 64: 0.80}  # JAX lax.scan rollout vs the bound, default shapes
+EXPECTED_JAX_SMOOTHER = (0.74, 1.44)  # JAX lax.scan vs torch.tanh (B=256 T=200; B=64 T=4000)
+
+# MEASURED.md's H200 figures (rnnserve at its first landing; ms per call; same shapes as CUDA_FULL)
+EXPECTED_H200_MS: dict[tuple[str, int, int], tuple[float, str]] = {
+    ("device-to-device copy (floor)", 64, 1000): (0.022, "copy of the same bytes"),
+    ("device-to-device copy (floor)", 256, 4000): (0.047, "copy of the same bytes"),
+    ('LinearRecursion, kernel "torch"', 64, 1000): (28.3, "torch loop over steps"),
+    ('LinearRecursion, kernel "torch"', 256, 4000): (160.0, "torch loop over steps"),
+    ('LinearRecursion, kernel "triton"', 64, 1000): (0.39, "a naive Triton kernel"),
+    ('LinearRecursion, kernel "triton"', 256, 4000): (2.27, "a naive Triton kernel"),
+    ("JAX lax.associative_scan", 64, 1000): (0.19, "JAX associative_scan"),
+    ("JAX lax.associative_scan", 256, 4000): (0.43, "JAX associative_scan"),
+    ("JAX lax.scan (padded)", 64, 1000): (16.3, "JAX lax.scan"),
+    ("JAX lax.scan (padded)", 256, 4000): (63.8, "JAX lax.scan"),
+    ("nn.LSTM teacher-forced + output layer (bound)", 1, 1000): (3.8, "cuDNN nn.LSTM"),
+    ("nn.LSTM teacher-forced + output layer (bound)", 64, 500): (2.8, "cuDNN nn.LSTM"),
+    ("nn.LSTM teacher-forced + output layer (bound)", 1024, 200): (7.5, "cuDNN nn.LSTM"),
+    ('Traveller.rollout, "torchscript"', 1, 1000): (154.0, "TorchScript"),
+    ('Traveller.rollout, "torchscript"', 64, 500): (111.0, "TorchScript"),
+    ('Traveller.rollout, "torchscript"', 1024, 200): (53.0, "TorchScript"),
+    ('Traveller.rollout, "eager"', 1, 1000): (387.0, "eager"),
+    ('Traveller.rollout, "eager", in one CUDA graph', 1, 1000): (39.5, "eager in a CUDA graph"),
+    ('Traveller.rollout, "eager", in one CUDA graph', 64, 500): (27.4, "eager in a CUDA graph"),
+    ('Traveller.rollout, "eager", in one CUDA graph', 1024, 200): (13.2, "eager in a CUDA graph"),
+    ("JAX lax.scan rollout (padded)", 1, 1000): (11.8, "JAX lax.scan"),
+    ("JAX lax.scan rollout (padded)", 64, 500): (10.0, "JAX lax.scan"),
+    ("JAX lax.scan rollout (padded)", 1024, 200): (6.1, "JAX lax.scan"),
+}
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Sizes and repeat counts of one run."""
+    """Device, sizes and repeat counts of one run."""
 
+    device: str  # "cpu" or "cuda"
     quick: bool
-    smoother_shapes: tuple[tuple[int, int], ...]  # (B, T)
+    smoother_shapes: tuple[tuple[int, int], ...]  # (B, T); lengths spread from T down to T/2
     traveller_shapes: tuple[tuple[int, int], ...]  # (B, T)
     rounds: int  # timed samples per implementation
-    slow_rounds: int  # timed samples of the seed-style Python loops
+    slow_rounds: int  # timed samples of slow implementations (one call each)
     sample_s: float  # a sample repeats the call until it lasts about this long
+    slow_call_s: float = 0.25  # a first call slower than this makes the case slow
+    seed_smoother_rows: int = 60_000  # the seed-style smoother loop only up to this many rows
+    seed_rollout_rows: int = 5_000  # the seed-style rollout loop only up to this many rows
     feat_dim: int = 16
 
 
-FULL = Plan(
-    quick=False,
-    smoother_shapes=((64, 1000), (256, 200), (1, 4000)),
-    traveller_shapes=((1, 1000), (64, 500)),
-    rounds=21,
-    slow_rounds=3,
-    sample_s=0.05,
-)
-QUICK = Plan(
-    quick=True,
-    smoother_shapes=((4, 50), (8, 20), (1, 100)),
-    traveller_shapes=((1, 20), (4, 10)),
-    rounds=3,
-    slow_rounds=1,
-    sample_s=0.002,
-)
+PLANS = {
+    ("cpu", False): Plan(
+        device="cpu",
+        quick=False,
+        smoother_shapes=((64, 1000), (256, 4000)),
+        traveller_shapes=((1, 1000), (64, 500)),
+        rounds=21,
+        slow_rounds=3,
+        sample_s=0.05,
+    ),
+    ("cpu", True): Plan(
+        device="cpu",
+        quick=True,
+        smoother_shapes=((4, 50), (8, 20)),
+        traveller_shapes=((1, 20), (4, 10)),
+        rounds=3,
+        slow_rounds=1,
+        sample_s=0.002,
+    ),
+    ("cuda", False): Plan(
+        device="cuda",
+        quick=False,
+        smoother_shapes=((64, 1000), (256, 4000), (1, 100_000)),
+        traveller_shapes=((1, 1000), (64, 500), (1024, 200)),
+        rounds=11,
+        slow_rounds=2,  # torch's step loop at T=100000 takes seconds a call
+        sample_s=0.03,
+        seed_smoother_rows=0,  # Python loops of single-row CUDA ops: minutes per call
+        seed_rollout_rows=0,
+    ),
+    ("cuda", True): Plan(
+        device="cuda",
+        quick=True,
+        smoother_shapes=((4, 50), (8, 20)),
+        traveller_shapes=((1, 20), (4, 10)),
+        rounds=3,
+        slow_rounds=1,
+        sample_s=0.002,
+        seed_smoother_rows=0,
+        seed_rollout_rows=0,
+    ),
+}
 
 
 # --------------------------------------------------------------------------- timing
 
 
+def _no_wait(_: object) -> None:
+    return None
+
+
+def _cuda_wait(_: object) -> None:
+    torch.cuda.synchronize()
+
+
 @dataclass(frozen=True)
 class Case:
-    """One implementation to time: a call with all inputs bound."""
+    """One implementation to time: a call with all inputs bound, checked already."""
 
     name: str
     fn: Callable[[], object]
-    slow: bool = False  # a seed-style Python loop: fewer samples, one call each
+    wait: Callable[[object], object] = _no_wait  # blocks until fn's queued work is done
+    slow: bool = False  # few samples of one call each
+    err: float = 0.0  # max abs error against the float64 reference
 
 
 @dataclass
@@ -104,6 +201,7 @@ class Timing:
     """Seconds per call, one entry per timed sample."""
 
     number: int = 1  # calls per sample
+    slow: bool = False
     samples: list[float] = field(default_factory=list)
 
     @property
@@ -119,10 +217,13 @@ class Timing:
         return max(self.samples)
 
 
-def _clock(fn: Callable[[], object], number: int) -> float:
+def _clock(case: Case, number: int) -> float:
+    case.wait(None)  # nothing queued from before counts
     start = time.perf_counter()
+    out: object = None
     for _ in range(number):
-        fn()
+        out = case.fn()
+    case.wait(out)
     return time.perf_counter() - start
 
 
@@ -130,23 +231,22 @@ def measure(cases: Sequence[Case], plan: Plan) -> dict[str, Timing]:
     """Warm up every case, then time them in rotated round-robin order."""
     timings: dict[str, Timing] = {}
     for case in cases:
-        if case.slow:
-            case.fn()
-            timings[case.name] = Timing(number=1)
+        once = _clock(case, 1)  # (the reference check was the first call)
+        if case.slow or once > plan.slow_call_s:
+            timings[case.name] = Timing(number=1, slow=True)
             continue
-        for _ in range(3):  # TorchScript's profiling executor optimises after two calls
-            case.fn()
-        once = _clock(case.fn, 1)
+        for _ in range(2):  # TorchScript's profiling executor optimises after two calls
+            once = min(once, _clock(case, 1))
         number = max(1, min(10_000, math.ceil(plan.sample_s / max(once, 1e-7))))
         timings[case.name] = Timing(number=number)
     for r in range(plan.rounds):
         gc.collect()
         k = r % len(cases)
         for case in [*cases[k:], *cases[:k]]:
-            if case.slow and r >= plan.slow_rounds:
-                continue
             t = timings[case.name]
-            t.samples.append(_clock(case.fn, t.number) / t.number)
+            if t.slow and r >= plan.slow_rounds:
+                continue
+            t.samples.append(_clock(case, t.number) / t.number)
     return timings
 
 
@@ -158,6 +258,11 @@ def spread_lengths(batch: int, steps: int) -> list[int]:
     return [steps - (i * steps) // batch for i in range(batch)]
 
 
+def half_spread_lengths(batch: int, steps: int) -> list[int]:
+    """``batch`` lengths spread evenly from ``steps`` down to ``steps / 2`` (1000, ..., 500)."""
+    return [steps - (i * (steps // 2)) // max(1, batch - 1) for i in range(batch)]
+
+
 def random_sequences(lengths: Sequence[int], width: int, seed: int) -> list[Tensor]:
     """``[T_i, width]`` normal sequences, in shuffled order (pack sorts them)."""
     gen = torch.Generator().manual_seed(seed)
@@ -167,6 +272,86 @@ def random_sequences(lengths: Sequence[int], width: int, seed: int) -> list[Tens
 
 def shape_label(batch: int, steps: int) -> str:
     return f"B={batch}, T={steps}"
+
+
+def padded64(seqs: Sequence[Tensor]) -> np.ndarray:
+    """``[B, T, C]`` float64, zeros after each sequence's end."""
+    steps = max(len(s) for s in seqs)
+    out = np.zeros((len(seqs), steps, seqs[0].shape[1]))
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = s.double().numpy()
+    return out
+
+
+# --------------------------------------------------------------------------- references
+
+
+def smoother_reference(
+    seqs: Sequence[Tensor], alpha: Tensor, wx: Tensor
+) -> tuple[np.ndarray, np.ndarray]:
+    """float64 ``s`` and ``y = tanh(wx * s)``, padded ``[B, T, F]`` (zeros after each end)."""
+    x = padded64(seqs)
+    a = alpha.detach().double().cpu().numpy()
+    s = np.empty_like(x)
+    s[:, 0] = x[:, 0]
+    for t in range(1, x.shape[1]):
+        s[:, t] = a * s[:, t - 1] + (1 - a) * x[:, t]
+    mask = _mask([len(q) for q in seqs], x.shape[1])[..., None]
+    y = np.tanh(wx.detach().double().cpu().numpy() * s)
+    return np.where(mask, s, 0.0), np.where(mask, y, 0.0)
+
+
+def rollout_reference(model64: Traveller, seqs: Sequence[Tensor]) -> np.ndarray:
+    """float64 positions ``[B, T, 2]``: the seed's loop (``nn.LSTM`` once per step, state
+    carried), run on the whole padded batch at once -- the rollout is causal, so each
+    sequence's real steps are exact; padded steps are zeroed."""
+    u = torch.from_numpy(padded64(seqs))
+    p = u.new_zeros(u.shape[0], 1, 2)
+    hidden: tuple[Tensor, Tensor] | None = None
+    out = np.zeros((u.shape[0], u.shape[1], 2))
+    with torch.no_grad():
+        for t in range(u.shape[1]):
+            h, hidden = model64.lstm_layers(torch.cat([p, u[:, t : t + 1]], 2), hidden)
+            p = torch.tanh(model64.output_layer(h))
+            out[:, t] = p[:, 0].numpy()
+    return np.where(_mask([len(q) for q in seqs], u.shape[1])[..., None], out, 0.0)
+
+
+def _mask(lengths: Sequence[int], steps: int) -> np.ndarray:
+    return np.arange(steps)[None, :] < np.asarray(lengths)[:, None]
+
+
+class CheckFailed(AssertionError):
+    """An implementation's result differs from the float64 reference."""
+
+
+class Unavailable(Exception):
+    """An implementation that this run cannot measure (missing module, wrong device...)."""
+
+
+def packed_to_padded(packed: PackedSequence) -> np.ndarray:
+    """``[B, T, C]`` float64 in the original sequence order."""
+    padded, _ = pad_packed_sequence(packed, batch_first=True)
+    out: np.ndarray = padded.cpu().double().numpy()
+    return out
+
+
+def data_to_padded(data: Tensor, like: PackedSequence) -> np.ndarray:
+    return packed_to_padded(
+        PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+    )
+
+
+def check(name: str, got: np.ndarray, want: np.ndarray, lengths: Sequence[int]) -> float:
+    """Max abs error of ``got`` against ``want`` (both ``[B, T, C]``) over the real steps."""
+    if got.shape != want.shape:
+        raise CheckFailed(f"{name}: shape {got.shape}, want {want.shape}")
+    err = float(np.abs(got - want)[_mask(lengths, want.shape[1])].max(initial=0.0))
+    if not err <= TOLERANCE:
+        raise CheckFailed(
+            f"{name}: max abs error {err:.2e} against the float64 reference (> {TOLERANCE:g})"
+        )
+    return err
 
 
 # --------------------------------------------------------------------------- seed-style code
@@ -214,14 +399,23 @@ def traveller_seed_style(model: Traveller, sequences: Sequence[Tensor]) -> list[
 # --------------------------------------------------------------------------- models
 
 
-def make_smoother(feat_dim: int, kernel: str) -> LinearRecursion:
+def smoother_kernels() -> tuple[str, ...]:
+    """The ``LinearRecursion.kernel`` names this checkout knows (its ``Kernel`` Literal)."""
+    names = typing.get_args(getattr(models.smoothing, "Kernel", None))
+    return tuple(str(n) for n in names) or ("auto", "numba", "torch")
+
+
+def make_smoother(
+    feat_dim: int, kernel: str, device: torch.device | str = "cpu"
+) -> LinearRecursion:
     gen = torch.Generator().manual_seed(0)
     model = LinearRecursion(feat_dim)
     with torch.no_grad():
         model.alpha_smooth.copy_(0.05 + 0.9 * torch.rand(feat_dim, generator=gen))
         model.wx.copy_(0.2 + 1.5 * torch.rand(feat_dim, generator=gen))
-    model.kernel = "torch" if kernel == "torch" else "auto"
-    return model.eval().requires_grad_(False)
+    model.kernel = cast(models.smoothing.Kernel, kernel)
+    with torch.inference_mode(False):  # parameters stay normal tensors, as when served
+        return model.eval().requires_grad_(False).to(device)
 
 
 def make_traveller() -> Traveller:
@@ -231,21 +425,29 @@ def make_traveller() -> Traveller:
     return model.eval().requires_grad_(False)
 
 
-def with_backend(model: Traveller, backend: str) -> Traveller:
-    clone = copy.deepcopy(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        clone.compile_rollout("torchscript" if backend == "torchscript" else "eager")
+def copy_model(
+    model: Traveller, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> Traveller:
+    """A copy on ``device``; made outside inference mode, so its parameters are normal tensors
+    (as in the service, which loads models before any request runs under inference mode)."""
+    with torch.inference_mode(False):
+        clone = copy.deepcopy(model).to(device)
+        return clone if dtype is None else clone.to(dtype)
+
+
+def with_backend(model: Traveller, backend: str, device: torch.device | str = "cpu") -> Traveller:
+    """A copy of ``model`` on ``device`` with rollout ``backend``; Unavailable if it is not."""
+    clone = copy_model(model, device)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            clone.compile_rollout(cast(RolloutBackend, backend))
+    except ImportError as e:
+        raise Unavailable(f"not in this checkout ({type(e).__name__}: {e})") from e
     return clone
 
 
-def _check_close(name: str, got: Tensor, want: Tensor, atol: float) -> None:
-    err = (got - want).abs().max().item() if got.numel() else 0.0
-    if got.shape != want.shape or not err <= atol:
-        raise AssertionError(f"{name}: differs from the reference (max abs error {err:.2e})")
-
-
-# --------------------------------------------------------------------------- benchmarks
+# --------------------------------------------------------------------------- the suite
 
 
 @dataclass(frozen=True)
@@ -253,10 +455,11 @@ class Row:
     shape: str
     name: str
     timing: Timing
-    ratio: float  # median over the reference's median, same run
+    ratio: float  # median over the floor's median, same run
     batch: int  # B
     steps: int  # T = max length: time steps of the batch
     packed_rows: int  # N = sum of the lengths
+    err: float = 0.0  # max abs error against the float64 reference
 
 
 @dataclass
@@ -264,127 +467,431 @@ class Results:
     smoother: list[Row] = field(default_factory=list)
     traveller: list[Row] = field(default_factory=list)
     compile: list[tuple[str, str]] = field(default_factory=list)  # (what, figure)
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (name, shape, why)
+    failed: list[tuple[str, str, str]] = field(default_factory=list)  # (name, shape, why)
+    notes: list[str] = field(default_factory=list)
 
 
-SMOOTHER_FLOOR = "torch.tanh (floor)"
+SMOOTHER_FLOOR_CPU = "torch.tanh (floor)"
+SMOOTHER_FLOOR_CUDA = "device-to-device copy (floor)"
 TRAVELLER_BOUND = "nn.LSTM teacher-forced + output layer (bound)"
+JAX_SCAN = "JAX lax.scan (padded)"
+JAX_ASSOC = "JAX lax.associative_scan"
+JAX_ROLLOUT = "JAX lax.scan rollout (padded)"
+SEED_SMOOTHER = "seed-style (loops over sequences and steps)"
+SEED_ROLLOUT = "seed-style (nn.LSTM per step, per sequence)"
+GRAPH_SUFFIX = ", in one CUDA graph"
+
+Builder = Callable[[], Case]
 
 
-def smoother_cases(
-    x: PackedSequence, auto: LinearRecursion, torch_k: LinearRecursion
-) -> list[Case]:
-    """The smoother implementations on packed batch ``x``, after checking they agree."""
-    data, bs = x.data, x.batch_sizes
-    alpha, wx = auto.alpha_smooth, auto.wx
-    ref = auto(x).data
-    numba_out = ema_packed_numba(data, bs, alpha)
-    _check_close("numba vs torch kernel", numba_out, ema_packed_torch(data, bs, alpha), 1e-5)
-    _check_close("LinearRecursion torch vs auto", torch_k(x).data, ref, 1e-5)
-    _check_close("seed-style vs LinearRecursion", smoother_seed_style(x, alpha, wx), ref, 1e-5)
-    return [
-        Case(SMOOTHER_FLOOR, lambda: torch.tanh(data)),
-        Case("ema_packed_numba", lambda: ema_packed_numba(data, bs, alpha)),
-        Case("ema_packed_torch", lambda: ema_packed_torch(data, bs, alpha)),
-        Case('LinearRecursion, kernel "auto" (numba)', lambda: auto(x)),
-        Case('LinearRecursion, kernel "torch"', lambda: torch_k(x)),
-        Case(
-            "seed-style (loops over sequences and steps)",
-            lambda: smoother_seed_style(x, alpha, wx),
-            slow=True,
-        ),
-    ]
+class Suite:
+    """One run on one device: inputs, the implementations to try, and what came of them."""
 
+    def __init__(self, plan: Plan, use_jax: bool = True) -> None:
+        self.plan = plan
+        self.device = torch.device(plan.device)
+        self.cuda = self.device.type == "cuda"
+        self.wait: Callable[[object], object] = _cuda_wait if self.cuda else _no_wait
+        self.res = Results()
+        self.jax: ModuleType | None = None
+        self.jax_device: Any = None
+        self.jax_reason = "not tried (--no-jax)"
+        self.jax_version = "not installed"
+        if use_jax:
+            self._load_jax()
 
-def bench_smoother(plan: Plan, res: Results) -> None:
-    auto = make_smoother(plan.feat_dim, "auto")
-    torch_k = make_smoother(plan.feat_dim, "torch")
-    for i, (batch, steps) in enumerate(plan.smoother_shapes):
+    @property
+    def smoother_floor(self) -> str:
+        return SMOOTHER_FLOOR_CUDA if self.cuda else SMOOTHER_FLOOR_CPU
+
+    def _load_jax(self) -> None:
+        try:
+            jb = importlib.import_module("bench.jax_baselines")
+        except ImportError as e:
+            self.jax_reason = (
+                f"JAX is not installed ({e}); `pip install '.[bench]'` adds it"
+                if "jax" in str(e)
+                else f"bench.jax_baselines did not import: {e}"
+            )
+            _log(f"skipping the JAX rows: {self.jax_reason}")
+            return
+        jax = importlib.import_module("jax")
+        self.jax_version = f"{jax.__version__}"
+        try:
+            self.jax_device = jb.device_for(self.device.type)
+        except RuntimeError as e:
+            self.jax_reason = str(e)
+            _log(f"skipping the JAX rows: {self.jax_reason}")
+            return
+        self.jax = jb
+        self.jax_version += f" ({self.jax_device.platform})"
+
+    # -- running one case -------------------------------------------------------------------
+
+    def build(self, name: str, shape: str, builder: Builder) -> Case | None:
+        """Build and check one case; record why not when it cannot or does not agree."""
+        try:
+            return builder()
+        except Unavailable as e:
+            self.res.skipped.append((name, shape, str(e)))
+            _log(f"  skip {name}: {e}")
+        except CheckFailed as e:
+            self.res.failed.append((name, shape, str(e)))
+            _log(f"  FAILED {e}")
+        except Exception as e:
+            traceback.print_exc(file=sys.stderr)
+            self.res.failed.append((name, shape, f"{type(e).__name__}: {e}"))
+            _log(f"  FAILED {name}: {type(e).__name__}: {e}")
+        return None
+
+    def run_shape(
+        self,
+        builders: Sequence[tuple[str, Builder]],
+        rows: list[Row],
+        batch: int,
+        steps: int,
+        packed_rows: int,
+    ) -> None:
         label = shape_label(batch, steps)
-        _log(f"smoother {label}")
-        x = pack(random_sequences(spread_lengths(batch, steps), plan.feat_dim, seed=i))
-        cases = smoother_cases(x, auto, torch_k)
-        timings = measure(cases, plan)
-        floor = timings[SMOOTHER_FLOOR].median
+        cases = [c for name, b in builders if (c := self.build(name, label, b)) is not None]
+        floor_name = builders[0][0]
+        if not cases or cases[0].name != floor_name:
+            _log(f"  no floor at {label}: nothing timed")
+            return
+        timings = measure(cases, self.plan)
+        floor = timings[floor_name].median
         for case in cases:
             t = timings[case.name]
-            ratio = t.median / floor
-            res.smoother.append(Row(label, case.name, t, ratio, batch, steps, x.data.shape[0]))
+            rows.append(
+                Row(label, case.name, t, t.median / floor, batch, steps, packed_rows, case.err)
+            )
 
+    def first_call(self, what: str, fn: Callable[[], object]) -> object:
+        """Call ``fn`` once, timing it (synchronised) into the compile table."""
+        self.wait(None)
+        start = time.perf_counter()
+        out = fn()
+        self.wait(out)
+        self.res.compile.append((what, _fmt_s(time.perf_counter() - start)))
+        return out
 
-def traveller_cases(
-    seqs: Sequence[Tensor], base: Traveller, scripted: Traveller, eager: Traveller, seed: int
-) -> list[Case]:
-    """The Traveller implementations on ``seqs``, after checking the rollouts agree."""
-    x = pack(seqs)
-    padded, _ = pad_packed_sequence(x, batch_first=True)  # [B, T, num_inputs]
-    gen = torch.Generator().manual_seed(seed)
-    fed_back = torch.rand(padded.shape[0], padded.shape[1], 2, generator=gen) * 2 - 1
-    z = torch.cat([fed_back, padded], 2)  # [B, T, 2 + num_inputs]: positions first
+    # -- the smoother -------------------------------------------------------------------------
 
-    def bound() -> Tensor:
-        h, _ = base.lstm_layers(z)
-        return torch.tanh(base.output_layer(h))
+    def smoother_builders(
+        self, seqs: Sequence[Tensor], x: PackedSequence, label: str
+    ) -> list[tuple[str, Builder]]:
+        plan, dev = self.plan, self.device
+        lengths = [len(s) for s in seqs]
+        base = make_smoother(plan.feat_dim, "torch")
+        s_ref, y_ref = smoother_reference(seqs, base.alpha_smooth, base.wx)
+        data, bs = x.data, x.batch_sizes
+        alpha, wx = base.alpha_smooth.to(dev), base.wx.to(dev)
 
-    want = torch.cat(traveller_seed_style(base, seqs), 0)
-    for name, model in (("torchscript", scripted), ("eager", eager)):
-        got = torch.cat(unpack(model.rollout(x)), 0)
-        _check_close(f"rollout ({name}) vs seed-style loop", got, want, 1e-4)
-    return [
-        Case(TRAVELLER_BOUND, bound),
-        Case('Traveller.rollout, "torchscript"', lambda: scripted.rollout(x)),
-        Case('Traveller.rollout, "eager"', lambda: eager.rollout(x)),
-        Case(
-            "seed-style (nn.LSTM per step, per sequence)",
-            lambda: traveller_seed_style(base, seqs),
-            slow=True,
-        ),
-    ]
+        out = torch.empty_like(data)
 
+        def copy_floor() -> Tensor:
+            return out.copy_(data)
 
-def bench_traveller(plan: Plan, res: Results, base: Traveller) -> None:
-    scripted = with_backend(base, "torchscript")
-    eager = with_backend(base, "eager")
-    for i, (batch, steps) in enumerate(plan.traveller_shapes):
-        label = shape_label(batch, steps)
-        _log(f"traveller {label}")
-        seqs = random_sequences(spread_lengths(batch, steps), base.num_inputs, seed=100 + i)
-        cases = traveller_cases(seqs, base, scripted, eager, seed=200 + i)
-        timings = measure(cases, plan)
-        ref = timings[TRAVELLER_BOUND].median
-        for case in cases:
-            t = timings[case.name]
-            ratio = t.median / ref
+        def tanh_floor() -> Tensor:
+            return torch.tanh(data)
+
+        def floor() -> Case:
+            fn = copy_floor if self.cuda else tanh_floor
+            want = padded64(seqs) if self.cuda else np.tanh(padded64(seqs))
+            err = check(self.smoother_floor, data_to_padded(fn(), x), want, lengths)
+            return Case(self.smoother_floor, fn, self.wait, err=err)
+
+        def ema(name: str, kernel: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Builder:
+            def build() -> Case:
+                if name == "ema_packed_numba" and self.cuda:
+                    raise Unavailable("a CPU kernel")
+                got = data_to_padded(kernel(data, bs, alpha), x)
+                err = check(name, got, s_ref, lengths)
+                return Case(name, lambda: kernel(data, bs, alpha), self.wait, err=err)
+
+            return build
+
+        def layer(kernel: str) -> tuple[str, Builder]:
+            name = f'LinearRecursion, kernel "{kernel}"'
+
+            def build() -> Case:
+                if kernel == "numba" and self.cuda:
+                    raise Unavailable("a CPU kernel")
+                if kernel == "triton":
+                    if not self.cuda:
+                        raise Unavailable(
+                            "Triton needs CUDA (on the CPU it runs only in Triton's "
+                            "interpreter, for the tests)"
+                        )
+                    try:
+                        importlib.import_module("models.kernels.smoother_triton")
+                    except ImportError as e:
+                        raise Unavailable(f"not in this checkout ({e})") from e
+                model = make_smoother(plan.feat_dim, kernel, dev)
+                if kernel == "triton":
+                    out = self.first_call(
+                        f"Triton smoother kernel, first call ({label})", lambda: model(x)
+                    )
+                else:
+                    out = model(x)
+                err = check(name, packed_to_padded(cast(PackedSequence, out)), y_ref, lengths)
+                return Case(name, lambda: model(x), self.wait, err=err)
+
+            return name, build
+
+        def seed() -> Case:
+            if self.cuda:
+                raise Unavailable("Python loops of one-row CUDA ops: minutes per call")
+            if x.data.shape[0] > plan.seed_smoother_rows:
+                raise Unavailable(
+                    f"{x.data.shape[0]:,} rows would take ~{x.data.shape[0] * 13e-6:.0f} s a call"
+                )
+            got = data_to_padded(smoother_seed_style(x, alpha, wx), x)
+            err = check(SEED_SMOOTHER, got, y_ref, lengths)
+            return Case(
+                SEED_SMOOTHER, lambda: smoother_seed_style(x, alpha, wx), slow=True, err=err
+            )
+
+        def jax_case(name: str, fn_name: str) -> Builder:
+            def build() -> Case:
+                jb = self._jax()
+                import jax
+
+                xs, mask = jb.padded_time_major([s.numpy() for s in seqs])
+                args = [
+                    jax.device_put(v, self.jax_device)
+                    for v in (xs, mask, base.alpha_smooth.numpy(), base.wx.numpy())
+                ]
+                fn, secs = jb.compile_for(getattr(jb, fn_name), *args)
+                self.res.compile.append((f"JAX jit compile, `{fn_name}` ({label})", _fmt_s(secs)))
+                got = np.asarray(fn(*args), dtype=np.float64).transpose(1, 0, 2)
+                err = check(name, got, y_ref, lengths)
+                return Case(name, lambda: fn(*args), jax.block_until_ready, err=err)
+
+            return build
+
+        return [
+            (self.smoother_floor, floor),
+            ("ema_packed_numba", ema("ema_packed_numba", ema_packed_numba)),
+            ("ema_packed_torch", ema("ema_packed_torch", ema_packed_torch)),
+            *(layer(k) for k in smoother_kernels()),
+            (SEED_SMOOTHER, seed),
+            (JAX_SCAN, jax_case(JAX_SCAN, "smoother_scan")),
+            (JAX_ASSOC, jax_case(JAX_ASSOC, "smoother_associative_scan")),
+        ]
+
+    def _jax(self) -> Any:
+        if self.jax is None:
+            raise Unavailable(self.jax_reason)
+        return self.jax
+
+    def bench_smoother(self) -> None:
+        plan = self.plan
+        for i, (batch, steps) in enumerate(plan.smoother_shapes):
+            label = shape_label(batch, steps)
+            _log(f"smoother {label}")
+            seqs = random_sequences(half_spread_lengths(batch, steps), plan.feat_dim, seed=i)
+            x = pack(seqs, self.device)
+            builders = self.smoother_builders(seqs, x, label)
+            self.run_shape(builders, self.res.smoother, batch, steps, x.data.shape[0])
+
+    # -- the Traveller ----------------------------------------------------------------------
+
+    def traveller_builders(
+        self, base: Traveller, seqs: Sequence[Tensor], seed: int, label: str
+    ) -> list[tuple[str, Builder]]:
+        plan, dev = self.plan, self.device
+        lengths = [len(s) for s in seqs]
+        x = pack(seqs, dev)
+        base64 = copy_model(base, dtype=torch.float64)
+        ref = rollout_reference(base64, seqs)
+
+        def bound() -> Case:
+            padded, _ = pad_packed_sequence(x, batch_first=True)  # [B, T, num_inputs]
+            gen = torch.Generator().manual_seed(seed)
+            fed_back = torch.rand(padded.shape[0], padded.shape[1], 2, generator=gen) * 2 - 1
+            z = torch.cat([fed_back.to(dev), padded], 2)  # [B, T, 2 + num_inputs]
+            model = copy_model(base, dev)
+
+            def fn() -> Tensor:
+                h, _ = model.lstm_layers(z)
+                return torch.tanh(model.output_layer(h))
+
+            with torch.no_grad():
+                h64, _ = base64.lstm_layers(z.cpu().double())
+                want = torch.tanh(base64.output_layer(h64)).numpy()
+            got = fn().cpu().double().numpy()
+            err = check(TRAVELLER_BOUND, got, want, [z.shape[1]] * z.shape[0])
+            return Case(TRAVELLER_BOUND, fn, self.wait, err=err)
+
+        def backend(name: str) -> tuple[str, Builder]:
+            row = f'Traveller.rollout, "{name}"'
+
+            def build() -> Case:
+                if name == "numba" and self.cuda:
+                    raise Unavailable("a CPU backend")
+                if name == "triton" and not self.cuda:
+                    raise Unavailable(
+                        "Triton needs CUDA (on the CPU it runs only in Triton's interpreter, "
+                        "for the tests)"
+                    )
+                model = with_backend(base, name, dev)
+                if name in ("numba", "triton"):
+                    what = f"{name} rollout backend, first call ({label})"
+                    out = self.first_call(what, lambda: model.rollout(x))
+                else:
+                    out = model.rollout(x)
+                err = check(row, packed_to_padded(cast(PackedSequence, out)), ref, lengths)
+                return Case(row, lambda: model.rollout(x), self.wait, err=err)
+
+            return row, build
+
+        def graphed(name: str) -> tuple[str, Builder]:
+            row = f'Traveller.rollout, "{name}"{GRAPH_SUFFIX}'
+
+            def build() -> Case:
+                model = with_backend(base, name, dev)
+                try:
+                    replay, out, secs = capture_graph(lambda: model.rollout(x))
+                except Exception as e:
+                    raise Unavailable(f"could not be captured ({type(e).__name__}: {e})") from e
+                self.res.compile.append(
+                    (f"CUDA graph capture, {name} rollout ({label})", _fmt_s(secs))
+                )
+                replay()
+                torch.cuda.synchronize()
+                err = check(row, packed_to_padded(cast(PackedSequence, out)), ref, lengths)
+                return Case(row, replay, self.wait, err=err)
+
+            return row, build
+
+        def seed_style() -> Case:
+            if self.cuda:
+                raise Unavailable("per-step nn.LSTM calls of one row: minutes per call on CUDA")
+            if x.data.shape[0] > plan.seed_rollout_rows:
+                raise Unavailable(
+                    f"{x.data.shape[0]:,} sequence steps would take ~"
+                    f"{x.data.shape[0] * 320e-6:.0f} s a call; the B=1 row gives its cost per step"
+                )
+            got = torch.nn.utils.rnn.pad_sequence(
+                traveller_seed_style(base, seqs), batch_first=True
+            )
+            err = check(SEED_ROLLOUT, got.double().numpy(), ref, lengths)
+            return Case(SEED_ROLLOUT, lambda: traveller_seed_style(base, seqs), slow=True, err=err)
+
+        def jax_rollout() -> Case:
+            jb = self._jax()
+            import jax
+
+            lstm = base.lstm_layers
+            layers = range(base.num_layers)
+            weights = jb.traveller_weights(
+                [getattr(lstm, f"weight_ih_l{k}").numpy() for k in layers],
+                [getattr(lstm, f"weight_hh_l{k}").numpy() for k in layers],
+                [getattr(lstm, f"bias_ih_l{k}").numpy() for k in layers],
+                [getattr(lstm, f"bias_hh_l{k}").numpy() for k in layers],
+                base.output_layer.weight.numpy(),
+                base.output_layer.bias.numpy(),
+                device=self.jax_device,
+            )
+            us, mask = jb.padded_time_major([s.numpy() for s in seqs])
+            args = [jax.device_put(v, self.jax_device) for v in (us, mask)]
+            fn, secs = jb.compile_for(jb.traveller_rollout_scan, *args, weights)
+            self.res.compile.append(
+                (f"JAX jit compile, `traveller_rollout_scan` ({label})", _fmt_s(secs))
+            )
+            got = np.asarray(fn(*args, weights), dtype=np.float64).transpose(1, 0, 2)
+            err = check(JAX_ROLLOUT, got, ref, lengths)
+            return Case(JAX_ROLLOUT, lambda: fn(*args, weights), jax.block_until_ready, err=err)
+
+        backends = [b for b in ROLLOUT_BACKENDS if b != "auto"]
+        builders: list[tuple[str, Builder]] = [
+            (TRAVELLER_BOUND, bound),
+            *(backend(b) for b in backends),
+            (SEED_ROLLOUT, seed_style),
+            (JAX_ROLLOUT, jax_rollout),
+        ]
+        if self.cuda:  # last: a capture that goes wrong should not upset the others' set-up
+            builders += [graphed(b) for b in backends if b != "numba"]
+        return builders
+
+    def bench_traveller(self, base: Traveller) -> None:
+        for i, (batch, steps) in enumerate(self.plan.traveller_shapes):
+            label = shape_label(batch, steps)
+            _log(f"traveller {label}")
+            seqs = random_sequences(half_spread_lengths(batch, steps), base.num_inputs, 100 + i)
+            builders = self.traveller_builders(base, seqs, 200 + i, label)
             n = sum(len(u) for u in seqs)
-            res.traveller.append(Row(label, case.name, t, ratio, batch, steps, n))
+            self.run_shape(builders, self.res.traveller, batch, steps, n)
+        try:
+            auto = rollout_backend_fn("auto", self.device)[1]
+            self.res.notes.append(
+                f'`Traveller.compile_rollout("auto")` resolves to "{auto}" on {self.device.type}.'
+            )
+        except Exception as e:  # a backend module that is half there
+            self.res.notes.append(f'`rollout_backend_fn("auto")` failed here: {e}')
+
+    # -- compile times ----------------------------------------------------------------------
+
+    def bench_compile(self, base: Traveller) -> None:
+        """First calls, before anything else in this process has compiled them."""
+        _log("compile and first-call times")
+        res, plan, dev = self.res, self.plan, self.device
+        if not self.cuda:
+            x = pack(random_sequences(spread_lengths(4, 50), plan.feat_dim, seed=99))
+            alpha = torch.full((plan.feat_dim,), 0.5)
+
+            def numba_call() -> object:
+                return ema_packed_numba(x.data, x.batch_sizes, alpha)
+
+            first = _clock(Case("", numba_call), 1)
+            again = min(_clock(Case("", numba_call), 1) for _ in range(5))
+            res.compile.append(
+                ("numba `ema_packed_numba`, first call (JIT compile, B=4 T=50)", _fmt_s(first))
+            )
+            res.compile.append(
+                ("numba `ema_packed_numba`, a later call of the same size", _fmt_s(again))
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            script_s = _clock(Case("", scripted_rollout), 1)
+        res.compile.append(("`torch.jit.script(rollout_packed)`", _fmt_s(script_s)))
+        scripted = with_backend(base, "torchscript", dev)
+        batch, steps = plan.traveller_shapes[0]
+        u = pack(random_sequences([steps] * batch, base.num_inputs, seed=98), dev)
+        call = Case("", lambda: scripted.rollout(u), self.wait)
+        calls = [_clock(call, 1) for _ in range(4)]
+        steady = statistics.median(_clock(call, 1) for _ in range(5))
+        where = shape_label(batch, steps)
+        for k, t in enumerate(calls, 1):
+            res.compile.append((f"TorchScript rollout, call {k} ({where})", _fmt_s(t)))
+        res.compile.append(
+            (f"TorchScript rollout, steady state ({where}, median of 5)", _fmt_s(steady))
+        )
 
 
-def bench_compile(plan: Plan, res: Results, base: Traveller) -> None:
-    """First calls, before anything else in this process has compiled them."""
-    _log("compile and first-call times")
-    x = pack(random_sequences(spread_lengths(4, 50), plan.feat_dim, seed=99))
-    alpha = torch.full((plan.feat_dim,), 0.5)
-    first = _clock(lambda: ema_packed_numba(x.data, x.batch_sizes, alpha), 1)
-    again = min(_clock(lambda: ema_packed_numba(x.data, x.batch_sizes, alpha), 1) for _ in range(5))
-    res.compile.append(
-        ("numba `ema_packed_numba`, first call (JIT compile, B=4 T=50)", _fmt_s(first))
-    )
-    res.compile.append(("numba `ema_packed_numba`, a later call of the same size", _fmt_s(again)))
+def capture_graph(
+    fn: Callable[[], object], warmup: int = 3
+) -> tuple[Callable[[], object], object, float]:
+    """``fn`` captured in one CUDA graph: (replay, the output it refills, capture seconds).
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        script_s = _clock(scripted_rollout, 1)
-    res.compile.append(("`torch.jit.script(rollout_packed)`", _fmt_s(script_s)))
-    scripted = with_backend(base, "torchscript")
-    batch, steps = plan.traveller_shapes[0]
-    u = pack(random_sequences([steps] * batch, base.num_inputs, seed=98))
-    calls = [_clock(lambda: scripted.rollout(u), 1) for _ in range(4)]
-    steady = statistics.median(_clock(lambda: scripted.rollout(u), 1) for _ in range(5))
-    where = shape_label(batch, steps)
-    for k, t in enumerate(calls, 1):
-        res.compile.append((f"TorchScript rollout, call {k} ({where})", _fmt_s(t)))
-    res.compile.append(
-        (f"TorchScript rollout, steady state ({where}, median of 5)", _fmt_s(steady))
-    )
+    Warm-up runs on a side stream first, as ``torch.cuda.graphs`` asks (TorchScript profiles and
+    allocators settle there). Replays only ever run the captured shapes.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    start = time.perf_counter()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph.replay, out, time.perf_counter() - start
 
 
 # --------------------------------------------------------------------------- report
@@ -415,14 +922,22 @@ def _fmt_ms(seconds: float) -> str:
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
 
 
-def _versions() -> str:
-    try:
-        import numba
+def _fmt_us(us: float) -> str:
+    return f"{us:,.0f}" if us >= 1000 else f"{us:.3g}"
 
-        numba_v = str(numba.__version__)
-    except ImportError:  # pragma: no cover
-        numba_v = "not installed"
-    return f"torch {torch.__version__}, numba {numba_v}, numpy {np.__version__}"
+
+def _version(module: str) -> str:
+    try:
+        return str(importlib.import_module(module).__version__)
+    except ImportError:
+        return "not installed"
+
+
+def _versions(jax_version: str) -> str:
+    return (
+        f"torch {torch.__version__}, numba {_version('numba')}, numpy {np.__version__}, "
+        f"triton {_version('triton')}, jax {jax_version}"
+    )
 
 
 def cpu_model() -> str:
@@ -440,51 +955,37 @@ def cpu_model() -> str:
     return f"{model} ({simd})"
 
 
-def _summary_table(
-    rows: Sequence[Row], shapes: Sequence[str], heads: Sequence[str], per_step: bool
-) -> list[str]:
-    """Implementations down, shapes across; each cell the ratio and the median."""
+def _cell(row: Row) -> str:
+    us = row.timing.median / row.steps * 1e6
+    return f"{_fmt_ratio(row.ratio)} · {_fmt_ms(row.timing.median)} ms · {_fmt_us(us)} µs/step"
+
+
+def _summary_table(rows: Sequence[Row], shapes: Sequence[str], heads: Sequence[str]) -> list[str]:
+    """Implementations down, shapes across; each cell the ratio, median and µs per step."""
     names = list(dict.fromkeys(r.name for r in rows))
     lines = ["| implementation | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for name in names:
         cells = []
         for shape in shapes:
             row = next((r for r in rows if r.shape == shape and r.name == name), None)
-            if row is None:
-                cells.append("")
-            elif per_step:
-                cells.append(
-                    f"{_fmt_ratio(row.ratio)} ({row.timing.median / row.steps * 1e6:.1f} µs/step)"
-                )
-            else:
-                cells.append(f"{_fmt_ratio(row.ratio)} ({_fmt_ms(row.timing.median)} ms)")
+            cells.append("" if row is None else _cell(row))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
-def _detail_table(rows: Sequence[Row], per_step: bool, ref: str) -> list[str]:
-    if per_step:
-        head = (
-            f"| shape | implementation | ms per call | µs per step | min–max µs per step | "
-            f"× {ref} | samples |"
-        )
-    else:
-        head = f"| shape | implementation | ms per call | min–max ms | × {ref} | samples |"
-    lines = [head, "|---" * head.count(" | ") + "|---|"]
+def _detail_table(rows: Sequence[Row], ref: str) -> list[str]:
+    head = (
+        "| shape | implementation | ms per call | min–max ms | µs per step | "
+        f"× {ref} | max abs err vs float64 | samples |"
+    )
+    lines = [head, "|---" * (head.count(" | ") + 1) + "|"]
     for r in rows:
         t = r.timing
-        n = f"{len(t.samples)} × {t.number}"
-        if per_step:
-            us = 1e6 / r.steps
-            lines.append(
-                f"| {r.shape} | {r.name} | {_fmt_ms(t.median)} | {t.median * us:.1f} | "
-                f"{t.lo * us:.1f}–{t.hi * us:.1f} | {_fmt_ratio(r.ratio)} | {n} |"
-            )
-        else:
-            lines.append(
-                f"| {r.shape} | {r.name} | {_fmt_ms(t.median)} | "
-                f"{_fmt_ms(t.lo)}–{_fmt_ms(t.hi)} | {_fmt_ratio(r.ratio)} | {n} |"
-            )
+        lines.append(
+            f"| {r.shape} | {r.name} | {_fmt_ms(t.median)} | {_fmt_ms(t.lo)}–{_fmt_ms(t.hi)} | "
+            f"{_fmt_us(t.median / r.steps * 1e6)} | {_fmt_ratio(r.ratio)} | {r.err:.1e} | "
+            f"{len(t.samples)} × {t.number} |"
+        )
     return lines
 
 
@@ -496,19 +997,18 @@ def _verdict(got: float, expected: float) -> str:
     return "in line with"
 
 
-def _ratios(rows: Sequence[Row], prefix: str) -> str:
-    found = [r for r in rows if r.name.startswith(prefix)]
+def _ratios(rows: Sequence[Row], prefix: str, exact: bool = False) -> str:
+    found = [r for r in rows if (r.name == prefix if exact else r.name.startswith(prefix))]
     return ", ".join(f"{_fmt_ratio(r.ratio)} at {r.shape}" for r in found)
 
 
-def _expectations(res: Results, plan: Plan) -> list[str]:
+def _find(rows: Sequence[Row], name: str) -> list[Row]:
+    return [r for r in rows if r.name == name]
+
+
+def _expectations_cpu(res: Results, plan: Plan) -> list[str]:
     sm, tr = res.smoother, res.traveller
     out = []
-    if plan.quick:
-        out.append(
-            "*Quick mode: tiny sizes, so fixed per-call costs dominate and the figures "
-            "below say nothing about the real shapes.*\n"
-        )
     lines = []
     for name, expected in EXPECTED_SMOOTHER.items():
         found = [r for r in sm if r.name.startswith(name)]
@@ -521,13 +1021,13 @@ def _expectations(res: Results, plan: Plan) -> list[str]:
         )
     lr = _ratios(sm, 'LinearRecursion, kernel "auto"')
     lines.append(
-        f"- Full `LinearRecursion` forward with the numba kernel (EMA + `wx·s` + tanh, "
-        f"so about numba + 2 elementwise passes ≈ 3.5× expected): got {lr}."
+        f'- Full `LinearRecursion` forward with kernel "auto" (numba on the CPU: EMA + `wx·s` + '
+        f"tanh, so about numba + 2 elementwise passes ≈ 3.5× expected): got {lr}."
     )
     out.append("**Smoother.** Expected from MEASURED.md (F = 16 or 32, 2-core AVX-512 machine):")
     out.extend(lines)
-    floors = [r for r in sm if r.name == SMOOTHER_FLOOR]
-    numbas = [r for r in sm if r.name == "ema_packed_numba"]
+    floors = _find(sm, SMOOTHER_FLOOR_CPU)
+    numbas = _find(sm, "ema_packed_numba")
     if floors and numbas:
         feat = plan.feat_dim
         ns_tanh = max(floors, key=lambda r: r.packed_rows)
@@ -544,10 +1044,9 @@ def _expectations(res: Results, plan: Plan) -> list[str]:
 
     lines = []
     for row in tr:
-        b = row.batch
-        key = 1 if b == 1 else 64
+        key = 1 if row.batch == 1 else 64
         per_step = row.timing.median / row.steps * 1e6
-        if row.name.startswith('Traveller.rollout, "torchscript"'):
+        if row.name == 'Traveller.rollout, "torchscript"':
             lines.append(
                 f"- TorchScript rollout at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
                 f"({per_step:.1f} µs/step). MEASURED.md: fused cells + TorchScript "
@@ -556,26 +1055,31 @@ def _expectations(res: Results, plan: Plan) -> list[str]:
                 f"{_fmt_ratio(EXPECTED_JAX[key])} (default shapes) — "
                 f"{_verdict(row.ratio, EXPECTED_TS_HIDDEN64[key])} the TorchScript lead."
             )
-        elif row.name.startswith('Traveller.rollout, "eager"'):
+        elif row.name == 'Traveller.rollout, "eager"':
             lines.append(
                 f"- Eager rollout at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
                 f"({per_step:.1f} µs/step); MEASURED.md's eager fused cells "
                 f"{_fmt_ratio(EXPECTED_EAGER_HIDDEN64[key])} (hidden 64) — "
                 f"{_verdict(row.ratio, EXPECTED_EAGER_HIDDEN64[key])} it."
             )
-        elif row.name.startswith("seed-style"):
-            per_row = row.timing.median / row.packed_rows * 1e6
-            note = f" That is {per_row:.0f} µs per sequence step." if row.batch > 1 else ""
-            note += (
-                " MEASURED.md's 297 µs/step (hidden 64) is the figure to compare."
-                if b == 1
-                else " (MEASURED.md's 245 µs/step at B=64 called nn.LSTM on the whole batch per "
-                "step; this loop goes per sequence, as seed 002 does, so it is not "
-                "comparable.)"
+        elif row.name == 'Traveller.rollout, "numba"':
+            lines.append(
+                f"- numba rollout backend at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
+                f"({per_step:.1f} µs/step). MEASURED.md has no numba rollout; the nearest lead, "
+                f"a compiled C++ loop of ATen calls, was {_fmt_ratio(EXPECTED_CPP_ATEN[key])} — "
+                f"{_verdict(row.ratio, EXPECTED_CPP_ATEN[key])} that."
             )
+        elif row.name == JAX_ROLLOUT:
+            lines.append(
+                f"- JAX `lax.scan` rollout at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
+                f"({per_step:.1f} µs/step); MEASURED.md {_fmt_ratio(EXPECTED_JAX[key])} — "
+                f"{_verdict(row.ratio, EXPECTED_JAX[key])} the lead."
+            )
+        elif row.name == SEED_ROLLOUT:
             lines.append(
                 f"- Seed-style loop at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
-                f"({per_step:.0f} µs per batch step).{note}"
+                f"({per_step:.0f} µs per step). MEASURED.md's 297 µs/step (hidden 64) is the "
+                "figure to compare."
             )
     out.append(
         "**Traveller.** MEASURED.md measured the rollout variants at hidden 64 and, at the "
@@ -594,26 +1098,119 @@ def _expectations(res: Results, plan: Plan) -> list[str]:
             active = ts.packed_rows / (ts.batch * ts.steps)
             lines.append(
                 f"- At {shape} the bound runs the whole padded batch ({ts.batch * ts.steps:,} "
-                f"rows, {active:.0%} of them real steps) while the rollouts run only the "
-                f"{ts.packed_rows:,} real ones, so the ratio there flatters the rollouts by "
-                f"up to {1 / active:.1f}×."
+                f"rows, {active:.0%} of them real steps) while the packed rollouts run only the "
+                f"{ts.packed_rows:,} real ones, so the ratio there flatters them by up to "
+                f"{1 / active:.2f}× (the JAX row runs the padded batch, as the bound does)."
             )
     out.extend(lines)
     out.append("")
-    out.append(
-        "**JAX.** JAX is not installed here, so the JAX `jit` + `lax.scan` comparison "
-        "(MEASURED.md: 0.74–1.44× `torch.tanh` for the smoother, 0.80–0.94× the nn.LSTM "
-        "bound for the rollout) is not re-measured; it is left for the kernels issue."
-    )
+    out.extend(_jax_paragraph_cpu(res))
     return out
 
 
-def render(res: Results, plan: Plan, started: dt.datetime, wall_s: float, load: str) -> str:
+def _jax_paragraph_cpu(res: Results) -> list[str]:
+    sm = res.smoother
+    scan, assoc = _find(sm, JAX_SCAN), _find(sm, JAX_ASSOC)
+    if not scan and not assoc:
+        reason = next((why for name, _, why in res.skipped if name.startswith("JAX")), "")
+        return [
+            f"**JAX.** Not measured in this run: {reason or 'its rows failed (see above)'}. "
+            "MEASURED.md's leads: `lax.scan` 0.74–1.44× `torch.tanh` for the smoother, "
+            "0.80–0.94× the nn.LSTM bound for the rollout."
+        ]
+    lo, hi = EXPECTED_JAX_SMOOTHER
+    out = [
+        "**JAX** (jit, one core, XLA's own threads off; it works on the padded time-major batch, "
+        "B·T rows, where the packed kernels walk only the N real ones):"
+    ]
+    if scan:
+        med = statistics.median(r.ratio for r in scan)
+        verdict = (
+            "better than"
+            if med < lo / 1.5
+            else "worse than"
+            if med > hi * 1.5
+            else ("in line with")
+        )
+        out.append(
+            f"- `lax.scan` smoother: {_ratios(sm, JAX_SCAN, exact=True)} the tanh floor; "
+            f"MEASURED.md {lo:.2f}× (B=256 T=200) to {hi:.2f}× (B=64 T=4000) — {verdict} "
+            "that range."
+        )
+    if assoc:
+        out.append(
+            f"- `lax.associative_scan` smoother: {_ratios(sm, JAX_ASSOC, exact=True)} the tanh "
+            "floor (no CPU lead in MEASURED.md; it does O(log T) passes over B·T·F, so it is not "
+            "expected to win on a CPU)."
+        )
+    return out
+
+
+def _expectations_cuda(res: Results, gpu: str) -> list[str]:
+    rows = [*res.smoother, *res.traveller]
+    lines = []
+    for (name, batch, steps), (lead_ms, what) in EXPECTED_H200_MS.items():
+        row = next(
+            (r for r in rows if r.name == name and (r.batch, r.steps) == (batch, steps)), None
+        )
+        if row is None:
+            continue
+        got_ms = row.timing.median * 1e3
+        lines.append(
+            f"- {name} at {row.shape}: {_fmt_ms(row.timing.median)} ms; MEASURED.md's "
+            f"{what}: {lead_ms:g} ms — {_verdict(got_ms, lead_ms)} the lead "
+            f"({got_ms / lead_ms:.2f}×)."
+        )
+    out = [
+        f"**Against MEASURED.md's H200 run** (rnnserve at its first landing; this run: {gpu}; "
+        "absolute times, since the shapes are the same; a different GPU moves them all):",
+        *lines,
+    ]
+    if not lines:
+        out.append("- no row of this run has a lead there (quick mode uses other shapes).")
+    for title, table in (("Smoother", res.smoother), ("Traveller", res.traveller)):
+        floor_names = (SMOOTHER_FLOOR_CUDA, SMOOTHER_FLOOR_CPU, TRAVELLER_BOUND)
+        floors = {r.shape: r for r in table if r.name in floor_names}
+        best: dict[str, Row] = {}
+        for r in table:
+            if (
+                r.shape in floors
+                and r.name != floors[r.shape].name
+                and (r.shape not in best or r.timing.median < best[r.shape].timing.median)
+            ):
+                best[r.shape] = r
+        if best:
+            out.append("")
+            out.append(f"**{title}: the fastest implementation per shape against its floor.**")
+            out.extend(
+                f"- {shape}: {r.name}, {_fmt_ms(r.timing.median)} ms, {_fmt_ratio(r.ratio)} "
+                f"the {floors[shape].name}."
+                for shape, r in best.items()
+            )
+    return out
+
+
+def _skipped_lines(res: Results) -> list[str]:
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for name, shape, why in res.skipped:
+        grouped.setdefault((name, why), []).append(shape)
+    return [f"- {name} ({'; '.join(shapes)}): {why}" for (name, why), shapes in grouped.items()]
+
+
+def render(
+    res: Results,
+    plan: Plan,
+    started: dt.datetime,
+    wall_s: float,
+    load: str,
+    machine: str,
+) -> str:
+    cuda = plan.device == "cuda"
+    begin, end = (BEGIN_CUDA, END_CUDA) if cuda else (BEGIN, END)
+    floor = SMOOTHER_FLOOR_CUDA if cuda else SMOOTHER_FLOOR_CPU
     sm_shapes = list(dict.fromkeys(r.shape for r in res.smoother))
     tr_shapes = list(dict.fromkeys(r.shape for r in res.traveller))
-    sm_heads = [
-        f"{r.shape} (N={r.packed_rows:,})" for r in res.smoother if r.name == SMOOTHER_FLOOR
-    ]
+    sm_heads = [f"{r.shape} (N={r.packed_rows:,})" for r in res.smoother if r.name == floor]
     tr_heads = [
         f"{r.shape} (N={r.packed_rows:,}; padded {r.batch * r.steps:,})"
         for r in res.traveller
@@ -621,60 +1218,96 @@ def render(res: Results, plan: Plan, started: dt.datetime, wall_s: float, load: 
     ]
     cfg = TravellerConfig()
     mode = "`--quick` (tiny sizes, smoke test only)" if plan.quick else "full"
+    command = "python -m bench.bench_models" + (" --device cuda" if cuda else "")
+    if cuda:
+        method = (
+            "fp32 on CUDA under `torch.inference_mode()`, TF32 off (torch matmul and cuDNN; JAX "
+            "asks for `Precision.HIGHEST`). Each sample synchronises before and after its calls "
+            "(`torch.cuda.synchronize()`; `block_until_ready` for JAX). CUDA-graph rows capture "
+            "one rollout of exactly that batch (what a per-shape graph cache would replay); the "
+            "capture is timed apart."
+        )
+        sm_ref = "a device-to-device copy of the packed data `[N, F]` (`copy_`, the memory floor)"
+        tr_ref = "cuDNN"
+    else:
+        method = (
+            "fp32 on the CPU under `torch.inference_mode()`, the process pinned to one core, "
+            "torch on one thread, XLA's CPU thread pool off."
+        )
+        sm_ref = "one `torch.tanh` over the packed data `[N, F]` (the floor)"
+        tr_ref = "oneDNN"
     lines = [
-        BEGIN,
-        "## Model kernels (`python -m bench.bench_models`)",
+        begin,
+        f"## Model kernels{' on CUDA' if cuda else ''} (`{command}`)",
         "",
-        "Written by `bench/bench_models.py`; rerun it to refresh this section. "
+        f"Written by `bench/bench_models.py`; rerun `{command}` to refresh this section. "
         f"Mode: {mode}; run took {wall_s:.0f} s.",
         "",
-        "**Machine.** "
-        f"{cpu_model()}, {os.cpu_count()} logical CPUs; Python {platform.python_version()}, "
-        f"{_versions()}; torch threads: {torch.get_num_threads()} (pinned), "
-        f"interop threads: {torch.get_num_interop_threads()}; "
-        f"date {started.strftime('%Y-%m-%d %H:%M UTC')}; load average at start {load}. "
-        "The machine is shared and noisy: read the ratios, not the absolute times.",
+        f"**Machine.** {machine}; date {started.strftime('%Y-%m-%d %H:%M UTC')}; load average "
+        f"at start {load}."
+        + (
+            ""
+            if cuda
+            else " The machine is shared and noisy: read the ratios, not the absolute times."
+        ),
         "",
-        "**Method.** fp32 on the CPU under `torch.inference_mode()`. Each implementation is "
-        f"checked against a reference, warmed up (3 calls), then timed in {plan.rounds} "
-        "round-robin rounds, each sample repeating the call until it lasts "
-        f"≥ {plan.sample_s * 1e3:g} ms; the seed-style Python loops get {plan.slow_rounds} "
-        "samples of one call. Reported: the median time per call, the min–max over samples, "
-        "and the ratio of medians against the reference timed in the same rounds. Compile and "
-        "first-call times are measured first, in a fresh process, and reported apart.",
+        f"**Method.** {method} Each implementation is first checked against a float64 "
+        f"reference (max abs error ≤ {TOLERANCE:g} over the real steps; the error is listed), "
+        f"warmed up, then timed in {plan.rounds} round-robin rounds, each sample repeating the "
+        f"call until it lasts ≥ {plan.sample_s * 1e3:g} ms; slow implementations (a call over "
+        f"{plan.slow_call_s:g} s, and the seed-style loops) get {plan.slow_rounds} "
+        f"sample{'s' if plan.slow_rounds != 1 else ''} of one call. Reported: the median time "
+        "per call, the min–max over samples, µs per time step "
+        "(time per call / T) and the ratio of medians against the floor timed in the same "
+        "rounds. Lengths are spread evenly from T down to T/2. Compile, first-call and capture "
+        "times are reported apart.",
         "",
-        f"### Smoother (F = {plan.feat_dim}, packed, lengths spread evenly from T down)",
+        f"### Smoother (F = {plan.feat_dim}, packed, lengths T/2..T)",
         "",
-        "Reference: one `torch.tanh` over the packed data `[N, F]` (the floor). Ratios "
-        "(median ms per call):",
+        f"Floor: {sm_ref}. Each cell: × floor · median per call · µs per step.",
         "",
-        *_summary_table(res.smoother, sm_shapes, sm_heads, per_step=False),
+        *_summary_table(res.smoother, sm_shapes, sm_heads),
         "",
-        *_detail_table(res.smoother, per_step=False, ref="tanh"),
+        *_detail_table(res.smoother, ref="floor"),
         "",
         f"### Traveller (num_inputs {cfg.num_inputs}, hidden {cfg.hidden_size}, "
         f"{cfg.num_layers} layers)",
         "",
-        "Reference: PyTorch's teacher-forced `nn.LSTM` over the same padded batch "
-        "`[B, T, 2 + num_inputs]` plus output layer and tanh, in one call (the bound). B > 1 "
-        "uses lengths spread evenly from T down. A step is one time step of the batch "
-        "(time per call / T). Ratios (µs per step):",
+        f"Bound: PyTorch's teacher-forced `nn.LSTM` ({tr_ref}) over the same padded batch "
+        "`[B, T, 2 + num_inputs]` plus output layer and tanh, in one call. Each cell: × bound · "
+        "median per call · µs per step.",
         "",
-        *_summary_table(res.traveller, tr_shapes, tr_heads, per_step=True),
+        *_summary_table(res.traveller, tr_shapes, tr_heads),
         "",
-        *_detail_table(res.traveller, per_step=True, ref="bound"),
+        *_detail_table(res.traveller, ref="bound"),
         "",
-        "### Compile and first-call times",
+        *(f"{note}\n" for note in res.notes),
+        "### Compile, first-call and capture times",
         "",
         "| what | time |",
         "|---|---|",
         *(f"| {what} | {fig} |" for what, fig in res.compile),
         "",
-        "### What we expected / what we got",
-        "",
-        *_expectations(res, plan),
-        END,
     ]
+    if res.failed:
+        lines += [
+            "### FAILED: disagreed with the float64 reference or raised (not timed)",
+            "",
+            *(f"- {name} ({shape}): {why}" for name, shape, why in res.failed),
+            "",
+        ]
+    if res.skipped:
+        lines += ["### Not measured in this run", "", *_skipped_lines(res), ""]
+    lines += ["### What we expected / what we got", ""]
+    if plan.quick:
+        lines.append(
+            "*Quick mode: tiny sizes, so fixed per-call costs dominate and the figures below say "
+            "nothing about the real shapes.*\n"
+        )
+    lines += (
+        _expectations_cuda(res, machine.split(";")[0]) if cuda else _expectations_cpu(res, plan)
+    )
+    lines.append(end)
     return "\n".join(lines) + "\n"
 
 
@@ -691,31 +1324,89 @@ def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) 
     path.write_text(text, encoding="utf-8")
 
 
+def _machine(suite: Suite, pinned: str) -> str:
+    versions = _versions(suite.jax_version)
+    if suite.cuda:
+        props = torch.cuda.get_device_properties(suite.device)
+        return (
+            f"{props.name} ({props.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}, "
+            f"cuDNN {torch.backends.cudnn.version()}; host {cpu_model()}, {os.cpu_count()} "
+            f"logical CPUs; Python {platform.python_version()}, {versions}"
+        )
+    return (
+        f"{cpu_model()}, {os.cpu_count()} logical CPUs; Python {platform.python_version()}, "
+        f"{versions}; torch threads: {torch.get_num_threads()} (pinned), interop threads: "
+        f"{torch.get_num_interop_threads()}; {pinned}"
+    )
+
+
+def _pin_one_core() -> str:
+    if not hasattr(os, "sched_setaffinity"):
+        return "process not pinned (no sched_setaffinity)"
+    core = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    return f"process pinned to CPU {core}"
+
+
+def _prepare_jax_env(device: str) -> None:
+    """XLA reads these when its backend starts: set them before anything imports jax."""
+    if device == "cpu":
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_cpu_multi_thread_eigen" not in flags:
+            extra = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+            os.environ["XLA_FLAGS"] = f"{flags} {extra}".strip()
+    else:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share with torch
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file to write")
+    parser.add_argument("--no-jax", action="store_true", help="leave the JAX rows out")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="on the CPU, do not pin the process to one core"
+    )
     args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
+    plan = PLANS[(args.device, args.quick)]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_models: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        return 2
 
-    torch.set_num_threads(1)
-    with contextlib.suppress(RuntimeError):  # refused once inter-op work has started
-        torch.set_num_interop_threads(1)
+    _prepare_jax_env(args.device)
+    pinned = "process not pinned (--no-pin)"
+    if args.device == "cpu":
+        if not args.no_pin:
+            pinned = _pin_one_core()
+        torch.set_num_threads(1)
+        with contextlib.suppress(RuntimeError):  # refused once inter-op work has started
+            torch.set_num_interop_threads(1)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     started = dt.datetime.now(dt.UTC)
     load = "n/a"
     if hasattr(os, "getloadavg"):
         load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     t0 = time.perf_counter()
-    res = Results()
+    suite = Suite(plan, use_jax=not args.no_jax)
     base = make_traveller()
     with torch.inference_mode():
-        bench_compile(plan, res, base)
-        bench_smoother(plan, res)
-        bench_traveller(plan, res, base)
-    section = render(res, plan, started, time.perf_counter() - t0, load)
-    write_section(args.out, section)
+        suite.bench_compile(base)
+        suite.bench_smoother()
+        suite.bench_traveller(base)
+    section = render(
+        suite.res, plan, started, time.perf_counter() - t0, load, _machine(suite, pinned)
+    )
+    begin, end = (BEGIN_CUDA, END_CUDA) if suite.cuda else (BEGIN, END)
+    write_section(args.out, section, begin, end)
     print(section)
     _log(f"wrote {args.out}")
+    if suite.res.failed:
+        _log(f"{len(suite.res.failed)} implementation(s) FAILED their check: see the section")
+        return 1
     return 0
 
 

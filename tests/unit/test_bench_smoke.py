@@ -1,21 +1,39 @@
-"""Smoke test of the kernel benchmark: ``--quick`` runs and writes its tables (no timings checked).
+"""Smoke tests of the benchmarks: ``--quick`` runs and writes its tables (no timings checked).
 
-The benchmark runs in a subprocess because it pins torch to one thread for its whole process.
+Also: the JAX baselines against our models (skipped without JAX), the CUDA report rendered from
+made-up rows (no GPU here), and the GPU-host scripts' syntax.
+
+The benchmarks run in a subprocess because they pin torch to one thread (and the process to one
+core) for the whole process.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import importlib.util
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+import torch
+
+from bench import bench_gpu_e2e, bench_models
+from models.packing import pack, unpack
+from models.smoothing import LinearRecursion
+from models.traveller import Traveller
+
 ROOT = Path(__file__).resolve().parents[2]
+HAVE_JAX = importlib.util.find_spec("jax") is not None
 
 
-def run_quick(module: str, out: Path) -> None:
+def run_quick(module: str, out: Path, *extra: str) -> str:
     """``python -m bench.<module> --quick --out <out>`` in a subprocess; it must succeed."""
     proc = subprocess.run(
-        [sys.executable, "-m", f"bench.{module}", "--quick", "--out", str(out)],
+        [sys.executable, "-m", f"bench.{module}", "--quick", "--out", str(out), *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -23,6 +41,22 @@ def run_quick(module: str, out: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stderr
+
+
+def assert_tables_well_formed(text: str) -> None:
+    """Every table row has as many cells as its header, and a separator row follows it."""
+    table: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        if table:
+            widths = {row.count(" | ") for row in table if not row.startswith("|---")}
+            assert len(widths) == 1, table
+            assert table[1].startswith("|---")
+            assert table[1].count("|---") == widths.pop() + 1, table
+            table = []
 
 
 def test_quick_benchmark_writes_its_tables(tmp_path: Path) -> None:
@@ -30,17 +64,12 @@ def test_quick_benchmark_writes_its_tables(tmp_path: Path) -> None:
     out.parent.mkdir()
     out.write_text("# Benchmarks\n\nA section someone else wrote.\n", encoding="utf-8")
 
-    for _ in range(2):  # the second run replaces the first run's section
-        run_quick("bench_models", out)
-
+    run_quick("bench_models", out)
     text = out.read_text(encoding="utf-8")
-    assert "A section someone else wrote." in text
-    assert text.count("<!-- bench_models:begin -->") == 1
-    assert text.count("<!-- bench_models:end -->") == 1
     for heading in (
         "### Smoother",
         "### Traveller",
-        "### Compile and first-call times",
+        "### Compile, first-call and capture times",
         "### What we expected / what we got",
     ):
         assert heading in text
@@ -57,19 +86,187 @@ def test_quick_benchmark_writes_its_tables(tmp_path: Path) -> None:
         "seed-style (nn.LSTM per step, per sequence)",
     ):
         assert f"| {name}" in text, name
+    if HAVE_JAX:
+        for name in ("JAX lax.scan (padded)", "JAX lax.associative_scan", "JAX lax.scan rollout"):
+            assert f"| {name}" in text, name
+        assert "JAX jit compile" in text
     assert "torch threads: 1" in text
-    assert "JAX" in text
-    # Every table row has as many cells as its header.
-    table: list[str] = []
-    for line in [*text.splitlines(), ""]:
-        if line.startswith("|"):
-            table.append(line)
-            continue
-        if table:
-            widths = {row.count(" | ") for row in table if not row.startswith("|---")}
-            assert len(widths) == 1, table
-            assert table[1].startswith("|---")
-            table = []
+    assert "process pinned to CPU" in text
+    assert "FAILED" not in text
+    assert "max abs err vs float64" in text
+    assert_tables_well_formed(text)
+
+    # A second run replaces the first run's section; without JAX its rows go, with the reason.
+    log = run_quick("bench_models", out, "--no-jax")
+    assert "skipping the JAX rows" not in log  # --no-jax does not even try
+    text = out.read_text(encoding="utf-8")
+    assert "A section someone else wrote." in text
+    assert text.count("<!-- bench_models:begin -->") == 1
+    assert text.count("<!-- bench_models:end -->") == 1
+    assert "| JAX" not in text
+    assert "**JAX.** Not measured in this run: not tried (--no-jax)" in text
+    assert_tables_well_formed(text)
+
+
+def _fake_row(name: str, batch: int, steps: int, ms: float, floor_ms: float) -> bench_models.Row:
+    timing = bench_models.Timing(number=1, samples=[ms / 1e3] * 3)
+    label = bench_models.shape_label(batch, steps)
+    n = sum(bench_models.half_spread_lengths(batch, steps))
+    return bench_models.Row(label, name, timing, ms / floor_ms, batch, steps, n, 1e-7)
+
+
+def test_cuda_report_renders_from_rows(tmp_path: Path) -> None:
+    """The CUDA section (no GPU here): its own markers, tables, leads and skipped rows."""
+    bm = bench_models
+    res = bm.Results()
+    for b, t, floor in ((64, 1000, 0.02), (256, 4000, 0.05), (1, 100_000, 0.04)):
+        res.smoother += [
+            _fake_row(bm.SMOOTHER_FLOOR_CUDA, b, t, floor, floor),
+            _fake_row('LinearRecursion, kernel "torch"', b, t, 30.0, floor),
+            _fake_row(bm.JAX_ASSOC, b, t, 0.2, floor),
+        ]
+    for b, t, bound in ((1, 1000, 3.8), (64, 500, 2.8), (1024, 200, 7.5)):
+        res.traveller += [
+            _fake_row(bm.TRAVELLER_BOUND, b, t, bound, bound),
+            _fake_row('Traveller.rollout, "torchscript"', b, t, 100.0, bound),
+            _fake_row(f'Traveller.rollout, "eager"{bm.GRAPH_SUFFIX}', b, t, 20.0, bound),
+        ]
+    res.compile.append(("CUDA graph capture, eager rollout (B=1, T=1000)", "40 ms"))
+    res.skipped.append(('Traveller.rollout, "triton"', "B=1, T=1000", "not in this checkout"))
+    res.skipped.append(('Traveller.rollout, "triton"', "B=64, T=500", "not in this checkout"))
+    plan = bm.PLANS[("cuda", False)]
+    started = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    text = bm.render(res, plan, started, 100.0, "0.1", "NVIDIA H200 (140 GiB); host x")
+    assert text.startswith(bm.BEGIN_CUDA)
+    assert text.rstrip().endswith(bm.END_CUDA)
+    assert "device-to-device copy" in text
+    assert "cuDNN" in text
+    assert "B=1, T=100000" in text
+    assert "MEASURED.md's torch loop over steps: 28.3 ms" in text
+    assert "the fastest implementation per shape" in text
+    assert '- Traveller.rollout, "triton" (B=1, T=1000; B=64, T=500): not in this checkout' in text
+    assert_tables_well_formed(text)
+
+    out = tmp_path / "B.md"
+    bm.write_section(out, "<!-- bench_models:begin -->\ncpu\n<!-- bench_models:end -->\n")
+    bm.write_section(out, text, bm.BEGIN_CUDA, bm.END_CUDA)
+    both = out.read_text(encoding="utf-8")
+    assert "cpu" in both
+    assert both.count(bm.BEGIN_CUDA) == 1
+
+
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed (the optional `bench` extra)")
+def test_jax_baselines_match_our_models() -> None:
+    from bench import jax_baselines as jb
+
+    lengths = [9, 1, 17, 4, 17]
+    gen = torch.Generator().manual_seed(0)
+
+    smoother = LinearRecursion(16).eval().requires_grad_(False)
+    with torch.no_grad():
+        smoother.alpha_smooth.copy_(0.05 + 0.9 * torch.rand(16, generator=gen))
+        smoother.wx.copy_(0.5 + 1.5 * torch.rand(16, generator=gen))
+    xs = [3 * torch.randn(n, 16, generator=gen) for n in lengths]
+    want = [y.numpy() for y in unpack(smoother(pack(xs)))]
+    x, mask = jb.padded_time_major([s.numpy() for s in xs])
+    params = (smoother.alpha_smooth.numpy(), smoother.wx.numpy())
+    for fn in (jb.smoother_scan, jb.smoother_associative_scan):
+        compiled, _ = jb.compile_for(fn, x, mask, *params)
+        y = np.asarray(compiled(x, mask, *params))
+        assert not y[~mask].any(), "padded steps must be zero"
+        for got, ref in zip(jb.unpad_time_major(y, lengths), want, strict=True):
+            np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+
+    torch.manual_seed(2)
+    model = Traveller(6, 16, 2).eval().requires_grad_(False)
+    with torch.no_grad():  # make positions reach well into tanh's curve, as the backend tests do
+        model.output_layer.weight.mul_(12.0)
+        model.output_layer.bias.mul_(4.0)
+        model.lstm_layers.weight_ih_l0.mul_(3.0)
+    us = [2 * torch.randn(n, 6, generator=gen) for n in lengths]
+    want = [p.numpy() for p in unpack(model.rollout(pack(us)))]
+    assert max(float(np.abs(p).max()) for p in want) > 0.6
+    lstm = model.lstm_layers
+
+    def per_layer(kind: str) -> list[np.ndarray]:
+        return [getattr(lstm, f"{kind}_l{k}").numpy() for k in range(2)]
+
+    weights = jb.traveller_weights(
+        per_layer("weight_ih"),
+        per_layer("weight_hh"),
+        per_layer("bias_ih"),
+        per_layer("bias_hh"),
+        model.output_layer.weight.numpy(),
+        model.output_layer.bias.numpy(),
+    )
+    u, mask = jb.padded_time_major([s.numpy() for s in us])
+    compiled, _ = jb.compile_for(jb.traveller_rollout_scan, u, mask, weights)
+    p = np.asarray(compiled(u, mask, weights))
+    assert not p[~mask].any()
+    for got, ref in zip(jb.unpad_time_major(p, lengths), want, strict=True):
+        np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+
+
+def test_float64_references_are_what_they_claim() -> None:
+    """The benchmark's references: pandas-free EMA and the batched seed loop, per sequence."""
+    gen = torch.Generator().manual_seed(3)
+    seqs = [torch.randn(n, 16, generator=gen) for n in (5, 2, 7)]
+    alpha, wx = torch.full((16,), 0.3), torch.full((16,), 1.5)
+    s, y = bench_models.smoother_reference(seqs, alpha, wx)
+    x0 = seqs[0].double().numpy()
+    s0 = [x0[0]]
+    a = float(alpha[0])  # 0.3 in float32
+    for t in range(1, 5):
+        s0.append(a * s0[-1] + (1 - a) * x0[t])
+    np.testing.assert_allclose(s[0, :5], np.stack(s0), atol=1e-12)
+    np.testing.assert_allclose(y[0, :5], np.tanh(1.5 * np.stack(s0)), atol=1e-12)
+    assert not s[1, 2:].any()
+    assert not y[1, 2:].any()
+
+    torch.manual_seed(0)
+    model = Traveller(6, 8, 2).eval().double()
+    us = [torch.randn(n, 6, generator=gen) for n in (6, 3)]
+    ref = bench_models.rollout_reference(model, us)
+    alone = bench_models.rollout_reference(model, us[1:])  # B=1: plainly the seed's loop
+    np.testing.assert_allclose(ref[1, :3], alone[0], atol=1e-12)
+    assert not ref[1, 3:].any()
+    assert bench_models.half_spread_lengths(64, 1000)[::63] == [1000, 500]
+    assert bench_models.half_spread_lengths(1, 1000) == [1000]
+
+
+def test_e2e_report_and_answer_comparison() -> None:
+    e2e = bench_gpu_e2e
+    w = e2e.WORKLOADS[0]
+    cuda = e2e.Result(w, "cuda", 300.0, 0.1, 0.2, 20.0, 1.5, [[[0.5, 0.25]]])
+    cpu = e2e.Result(w, "cpu", 400.0, 0.1, 0.2, 30.0, 2.5, [[[0.5, 0.25 + 3e-7]]])
+    assert e2e.max_difference(cuda, cpu) == pytest.approx(3e-7)
+    text = e2e.render([cuda, cpu], ["cuda", "cpu"], quick=False, extra=[])
+    assert "| `/smooth, 50–500 steps` | cuda | 300 | 0.75× |" in text
+    assert "differ by at most 3.0e-07" in text
+    assert_tables_well_formed(text)
+    bodies = e2e.bodies_for(w, 3, seed=0)
+    assert all(50 <= len(json.loads(b)["sequences"][0]) <= 500 for b in bodies)
+
+
+def test_gpu_scripts() -> None:
+    """bash syntax, shellcheck where installed, and what the wheelhouse holds."""
+    scripts = [ROOT / "scripts" / "gpu_check.sh", ROOT / "scripts" / "gpu_wheels.sh"]
+    for script in scripts:
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    if shutil.which("shellcheck"):
+        proc = subprocess.run(
+            ["shellcheck", *map(str, scripts)], capture_output=True, text=True, check=False
+        )
+        assert proc.returncode == 0, proc.stdout
+    names = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_requirements.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for needed in ("fastapi", "uvicorn", "pydantic-settings", "orjson", "aiohttp", "pytest"):
+        assert needed in names
+    assert "torch" not in names  # the host's CUDA build is used, never replaced
 
 
 def test_quick_thread_layout_benchmark(tmp_path: Path) -> None:
