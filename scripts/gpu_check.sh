@@ -165,6 +165,12 @@ step "tests" 120 "$out/pytest.txt" \
   "$py" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_rollout_backends.py
 step "kernel benchmark" 240 "$out/bench_models.log" \
   "$py" -m bench.bench_models "${bench_args[@]}" --out "$out/bench_models.md"
+if [ ! -s "$out/bench_models.md" ]; then
+  # no section written: it crashed or hung. One suspect is JAX and torch sharing the GPU in one
+  # process, so measure the rest without JAX (the log above says what happened)
+  step "kernel benchmark, no JAX" 180 "$out/bench_models_nojax.log" \
+    "$py" -m bench.bench_models "${bench_args[@]}" --no-jax --out "$out/bench_models.md"
+fi
 step "end to end" 180 "$out/bench_e2e.log" \
   "$py" -m bench.bench_gpu_e2e "${e2e_args[@]}" --out "$out/bench_e2e.md"
 
