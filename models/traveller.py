@@ -15,7 +15,7 @@ import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import List, Literal, Optional, Tuple  # noqa: UP035 - TorchScript reads these
+from typing import List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -228,7 +228,10 @@ class Traveller(nn.Module):
         params = list(self.parameters())
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
             return self._fuse()  # part of the autograd graph: never cached
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        try:
+            key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        except RuntimeError:  # inference tensors (made under inference_mode) have no version
+            return self._fuse()
         cached = self._fused_cache
         if cached is None or cached[0] != key:
             with torch.inference_mode(False), torch.no_grad():  # plain tensors, reusable anywhere

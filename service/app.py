@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service import wire
 from service.config import Settings
 from service.metrics import Metrics
 from service.routes import json_response, router
@@ -28,6 +30,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime: ModelRuntime = app.state.runtime
         await runtime.start()
+        # the JSON scanner compiles here, not in the first request
+        await asyncio.get_running_loop().run_in_executor(None, wire.warm_up)
         app.state.ready = True
         try:
             yield

@@ -92,6 +92,12 @@ class Metrics:
             ["endpoint"],
             registry=r,
         )
+        self.cancelled = Counter(
+            "rnnserve_requests_cancelled_total",
+            "Requests whose client went away before the answer; their work was dropped.",
+            ["endpoint"],
+            registry=r,
+        )
         self.rejected = Counter(
             "rnnserve_requests_rejected_total",
             "Requests refused without running the model, by endpoint and reason.",

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import Gauge
 from pydantic import BaseModel
 
 from service import wire
 from service.batching import BatcherClosed, QueueFull
 from service.metrics import CONTENT_TYPE, Metrics
-from service.runtime import ModelRuntime, UnknownModel
+from service.runtime import ModelRuntime, StreamingUnavailable, UnknownModel
+from service.stepping import Piece
 from service.validation import (
     Limits,
     RequestError,
@@ -28,6 +33,12 @@ from service.validation import (
 
 log = logging.getLogger(__name__)
 router = APIRouter()
+NDJSON = "application/x-ndjson"
+A = TypeVar("A")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
 
 
 class ErrorBody(BaseModel):
@@ -143,8 +154,9 @@ async def _infer(
     runtime: ModelRuntime = state.runtime
     settings = state.settings
     started = time.perf_counter()
-    in_flight = metrics.in_flight.labels(endpoint)
-    in_flight.inc()
+    gauge = metrics.in_flight.labels(endpoint)
+    gauge.inc()
+    in_flight: Gauge | None = gauge  # None once a stream has taken over the accounting
     model_label = "unknown"
     code = 500
     try:
@@ -177,8 +189,19 @@ async def _infer(
             sequences = to_arrays(sequences, field, served.input_dim, limits, name)
         else:
             sequences = decoded.sequences(served.input_dim, name)
+        streaming = endpoint == "rollout" and NDJSON in request.headers.get("accept", "")
         try:
-            outputs = await runtime.infer(name, sequences)
+            if streaming:
+                try:
+                    pieces = runtime.stream(name, sequences)
+                except StreamingUnavailable as exc:
+                    raise RequestError(422, "cannot_stream", str(exc), ("model",)) from None
+                code = 200
+                finish = (gauge, metrics, endpoint, model_label, started)
+                in_flight = None  # the stream's own finally accounts for it
+                stream = _ndjson(request, name, pieces, *finish)
+                return StreamingResponse(stream, media_type=NDJSON)
+            outputs = await _unless_disconnected(request, runtime.infer(name, sequences))
         except QueueFull as exc:
             raise RequestError(503, "queue_full", str(exc)) from None
         except BatcherClosed as exc:
@@ -189,6 +212,10 @@ async def _infer(
             wire.encode(name, out_field, outputs, binary),
             media_type=wire.SAFETENSORS if binary else wire.JSON,
         )
+    except ClientGone:
+        code = 499  # nginx's "client closed request": nobody reads this answer
+        metrics.cancelled.labels(endpoint).inc()
+        return Response(status_code=code)
     except RequestError as exc:
         code = exc.status
         metrics.rejected.labels(endpoint, exc.type).inc()
@@ -202,6 +229,89 @@ async def _infer(
             500,
         )  # fmt: skip
     finally:
+        if in_flight is not None:
+            in_flight.dec()
+            elapsed = time.perf_counter() - started
+            metrics.request_duration.labels(endpoint, model_label, str(code)).observe(elapsed)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[A]) -> A:
+    """Await ``work``; if the client disconnects first, cancel it (it leaves the queue or the
+    running batch) and raise :class:`ClientGone`."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise ClientGone
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body has been read, so only that can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _ndjson(
+    request: Request,
+    model: str,
+    pieces: AsyncIterator[list[Piece]],
+    in_flight: Gauge,
+    metrics: Metrics,
+    endpoint: str,
+    model_label: str,
+    started: float,
+) -> AsyncIterator[bytes]:
+    """The streamed rollout: one line per sequence per chunk, then a closing line.
+
+    ``{"sequence": i, "start": t, "positions": [[x, y], ...]}`` for steps ``t..``; the last
+    line is ``{"model": ..., "done": true}``, or ``{"error": {...}}`` if the rollout failed.
+    A client that goes away while a chunk runs, or whose stream is closed, has its rollout
+    dropped at the next chunk.
+    """
+    code = "499"  # until the stream ends one way or another
+    watcher = asyncio.ensure_future(_disconnected(request))
+    step: asyncio.Future[list[Piece]] | None = None
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(pieces))
+            await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if watcher.done():  # the client went away
+                return
+            try:
+                chunk = step.result()
+            except StopAsyncIteration:
+                break
+            yield b"".join(
+                orjson.dumps(
+                    {"sequence": i, "start": start, "positions": y},
+                    option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE,
+                )
+                for i, start, y in chunk
+            )
+        code = "200"
+        yield orjson.dumps({"model": model, "done": True}, option=orjson.OPT_APPEND_NEWLINE)
+    except Exception:
+        code = "500"
+        log.exception("%s stream failed", endpoint)
+        error = {"detail": "internal server error; see the server log", "type": "internal"}
+        yield orjson.dumps({"error": error}, option=orjson.OPT_APPEND_NEWLINE)
+    finally:
+        # also when the server cancels us (the client went away): account first, then make
+        # sure the rollout is dropped, i.e. the progress iterator is closed
         in_flight.dec()
+        if code == "499":
+            metrics.cancelled.labels(endpoint).inc()
         elapsed = time.perf_counter() - started
-        metrics.request_duration.labels(endpoint, model_label, str(code)).observe(elapsed)
+        metrics.request_duration.labels(endpoint, model_label, code).observe(elapsed)
+        watcher.cancel()
+        if step is not None and not step.done():
+            step.cancel()  # its iterator's own cleanup cancels the rollout
+            with contextlib.suppress(BaseException):
+                await step
+        with contextlib.suppress(RuntimeError):
+            await pieces.aclose()  # type: ignore[attr-defined]

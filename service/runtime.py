@@ -165,6 +165,18 @@ class ModelRuntime:
             rollout_backend=self.settings.rollout_backend,
         )
         dim = _input_dim(module)
+        if isinstance(module, Traveller) and module.rollout_backend == "triton":
+            from models.kernels.rollout_triton import warm_up
+
+            # compile the kernels and capture the CUDA graphs of every batch-size bucket now
+            warm_up(
+                self.settings.max_batch_size,
+                module.num_layers,
+                module.hidden_size,
+                module.num_inputs,
+                dtype=next(module.parameters()).dtype,
+                device=self.device,
+            )
         rng = np.random.default_rng(0)
         # a few batches of mixed lengths: compiles numba, lets TorchScript profile and optimise
         for lengths in ((3,), (5, 2), (7, 7, 1), (4,)):

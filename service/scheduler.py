@@ -115,13 +115,17 @@ class ContinuousBatcher(Generic[T, R]):
         work = self._enqueue(item, size, cost, None)
         return await work.future  # a cancelled caller leaves the running set at the next chunk
 
-    async def stream(self, item: T, *, size: int = 1, cost: int = 1) -> AsyncIterator[Any]:
-        """Queue ``item`` and yield its progress chunk by chunk until it finishes.
+    def stream(self, item: T, *, size: int = 1, cost: int = 1) -> AsyncIterator[Any]:
+        """Queue ``item`` now and return an iterator of its progress, chunk by chunk.
 
-        Closing the iterator early (a client that went away) takes the item out of the running
-        set at the next chunk. An error of the item's chunk is raised from the iterator.
+        Queueing happens at once, so ``QueueFull`` and ``BatcherClosed`` are raised here, before
+        anything is streamed. Closing the iterator early (a client that went away) takes the
+        item out of the running set at the next chunk. An error of the item's chunk is raised
+        from the iterator.
         """
-        work = self._enqueue(item, size, cost, asyncio.Queue())
+        return self._progress(self._enqueue(item, size, cost, asyncio.Queue()))
+
+    async def _progress(self, work: _Work[T, R]) -> AsyncIterator[Any]:
         progress = work.progress
         assert progress is not None
         try:

@@ -885,3 +885,16 @@ def encode(
     return orjson.dumps(
         {"model": model, out_field: list(outputs)}, option=orjson.OPT_SERIALIZE_NUMPY
     )
+
+
+def warm_up() -> None:
+    """Compile the JSON scanner (seconds, once per process) before the first request needs it."""
+    limits = Limits(max_sequences=4, max_sequence_length=4, max_timesteps=16)
+    for body in (b'{"sequences": [[[1.5, -2e-3], [0, 1]]], "model": "m"}', b'{"inputs": [[[1]]]}'):
+        field = "sequences" if b"sequences" in body else "inputs"
+        decoded = decode(body, JSON, field, limits)
+        if decoded is None:
+            raise RuntimeError("the JSON fast path refused its own warm-up body")
+        outputs = decoded.sequences(2 if field == "sequences" else 1, "m")
+        encode("m", field, outputs, binary=False)
+        encode("m", field, outputs, binary=True)
