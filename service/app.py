@@ -1,9 +1,15 @@
-"""The FastAPI application: factory, lifespan, error handlers."""
+"""The FastAPI application: factory, lifespan, error handlers.
+
+:func:`create_app` builds the single-process server: the models live in this process. With
+``rnnserve --workers N`` each HTTP worker is built by :func:`create_worker_app` instead: the same
+routes over a :class:`~service.transport.RemoteRuntime` that reaches the engine process.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,24 +17,50 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import wire
 from service.config import Settings
 from service.metrics import Metrics
 from service.routes import json_response, router
-from service.runtime import ModelRuntime
+from service.runtime import ModelRuntime, Runtime
+from service.transport import RemoteRuntime
 from service.validation import RequestError
 
 log = logging.getLogger(__name__)
 
+# set by ``rnnserve --workers N`` for its HTTP workers: where the engine listens
+ENGINE_SOCKET_ENV = "_RNNSERVE_ENGINE_SOCKET"
+WORKER_HEADER = "X-Rnnserve-Worker"
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; models load and warm up in its lifespan, before it takes traffic."""
+
+def create_worker_app() -> FastAPI:
+    """One HTTP worker of ``rnnserve --workers N`` (uvicorn's app factory in each worker).
+
+    Settings come from the ``RNNSERVE_*`` environment the parent set; the models from the
+    engine process at ``$_RNNSERVE_ENGINE_SOCKET``. Responses name the worker's pid in an
+    ``X-Rnnserve-Worker`` header.
+    """
+    try:
+        socket_path = os.environ[ENGINE_SOCKET_ENV]
+    except KeyError:
+        raise RuntimeError(f"{ENGINE_SOCKET_ENV} is not set: start workers with rnnserve") from None
+    app = create_app(Settings(), engine_socket=socket_path)
+    app.add_middleware(_WorkerHeader)
+    return app
+
+
+def create_app(settings: Settings | None = None, *, engine_socket: str | None = None) -> FastAPI:
+    """Build the app; models load and warm up in its lifespan, before it takes traffic.
+
+    With ``engine_socket`` the models are the engine process's, reached over that socket, and
+    ``/metrics`` reads every process's values from the Prometheus multiprocess folder.
+    """
     settings = settings if settings is not None else Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime: ModelRuntime = app.state.runtime
+        runtime: Runtime = app.state.runtime
         await runtime.start()
         # the JSON scanner compiles here, not in the first request
         await asyncio.get_running_loop().run_in_executor(None, wire.warm_up)
@@ -46,8 +78,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.metrics = Metrics()
-    app.state.runtime = ModelRuntime(settings, app.state.metrics)
+    if engine_socket is None:
+        app.state.metrics = Metrics()
+        app.state.runtime = ModelRuntime(settings, app.state.metrics)
+    else:
+        app.state.metrics = Metrics(multiprocess=True)
+        app.state.runtime = RemoteRuntime(engine_socket)
     app.state.ready = False
     app.include_router(router)
 
@@ -73,3 +109,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     return app
+
+
+class _WorkerHeader:
+    """Names this worker's pid on every response (which worker answered is otherwise hidden)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.header = (WORKER_HEADER.lower().encode(), str(os.getpid()).encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self.header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)

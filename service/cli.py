@@ -1,16 +1,34 @@
-"""The ``rnnserve`` command: settings from flags and ``RNNSERVE_*``, then uvicorn."""
+"""The ``rnnserve`` command: settings from flags and ``RNNSERVE_*``, then uvicorn.
+
+With ``--workers 1`` (the default) one process serves HTTP and runs the models. With
+``--workers N`` (N >= 2) this process supervises: it starts the engine process (the models,
+:mod:`service.engine`), waits until the models are warm, then runs N uvicorn HTTP workers
+(:func:`service.app.create_worker_app`) that reach the engine over a Unix socket; the socket
+and the Prometheus multiprocess folder live in a private temporary folder (mode 0700), removed
+at exit. SIGTERM: uvicorn stops the workers, which finish their requests first; then the engine
+drains and exits. If the engine dies, the workers answer 503 and the server shuts down with
+exit status 1, for the orchestrator to restart it.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
+import os
+import shutil
+import signal
 import sys
+import tempfile
+import threading
 from collections.abc import Sequence
+from multiprocessing.connection import wait
 
 import uvicorn
 from pydantic import ValidationError
 
-from service.app import create_app
+from service import engine
+from service.app import ENGINE_SOCKET_ENV, create_app
 from service.config import Settings
 from service.runtime import StartupError, preflight
 
@@ -32,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except StartupError as exc:
         log.debug("start-up check failed", exc_info=True)
         sys.exit(f"rnnserve: {exc}")
+    if settings.workers > 1:
+        sys.exit(serve_with_workers(settings))
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -40,6 +60,88 @@ def main(argv: Sequence[str] | None = None) -> None:
         access_log=settings.access_log,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
     )
+
+
+def serve_with_workers(settings: Settings) -> int:
+    """Run the engine process and ``settings.workers`` HTTP workers; the exit status."""
+    private = tempfile.mkdtemp(prefix="rnnserve-")  # mode 0700: only this user reaches in
+    try:
+        socket_path = os.path.join(private, "engine.sock")
+        metrics_dir = os.path.join(private, "metrics")
+        os.mkdir(metrics_dir, 0o700)  # new, so empty: no stale values from an earlier run
+        # inherited by the engine and the workers (spawned, so they import prometheus_client
+        # after this is set: it picks multiprocess mode at import)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        os.environ[ENGINE_SOCKET_ENV] = socket_path
+        os.environ.update(settings_environment(settings))
+        for name in Settings.model_fields:
+            if getattr(settings, name) is None:
+                os.environ.pop(f"RNNSERVE_{name.upper()}", None)
+        return _supervise(settings, socket_path)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """``RNNSERVE_*`` variables that rebuild ``settings`` in another process."""
+    env = {}
+    for name, value in settings.model_dump().items():
+        if value is not None:
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            env[f"RNNSERVE_{name.upper()}"] = text
+    return env
+
+
+def _supervise(settings: Settings, socket_path: str) -> int:
+    spawn = multiprocessing.get_context("spawn")
+    ready_recv, ready_send = spawn.Pipe(duplex=False)
+    proc = spawn.Process(
+        target=engine.run, args=(settings, socket_path, ready_send), name="rnnserve-engine"
+    )
+    proc.start()
+    ready_send.close()
+    # loading and warming the models (the engine's exit while doing so ends the wait too)
+    wait([ready_recv, proc.sentinel])
+    try:
+        pid = ready_recv.recv()
+    except EOFError:
+        proc.join()
+        log.error("the engine process failed to start (exit status %s)", proc.exitcode)
+        return 1
+    log.info("engine process %d ready; starting %d HTTP workers", pid, settings.workers)
+    stopping = threading.Event()
+    died = threading.Event()
+
+    def watch_engine() -> None:
+        wait([proc.sentinel])
+        if not stopping.is_set():
+            died.set()
+            log.error("the engine process died (exit status %s); shutting down", proc.exitcode)
+            os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's supervisor stops the workers
+
+    threading.Thread(target=watch_engine, name="rnnserve-engine-watch", daemon=True).start()
+    try:
+        uvicorn.run(
+            "service.app:create_worker_app",
+            factory=True,
+            workers=settings.workers,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=settings.access_log,
+            timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
+        )
+    finally:
+        # the workers have finished their requests and gone: now the engine drains
+        stopping.set()
+        if proc.is_alive():
+            proc.terminate()
+        proc.join(settings.drain_timeout_s + 10)
+        if proc.is_alive():
+            log.error("the engine did not stop in time; killing it")
+            proc.kill()
+            proc.join()
+    return 1 if died.is_set() or proc.exitcode else 0
 
 
 def _setting_error(exc: ValidationError) -> str:

@@ -70,6 +70,13 @@ class Settings(BaseSettings):
     max_request_timesteps: int = Field(
         1_000_000, ge=1, description="Most timesteps in one request, all sequences (413 above)."
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=512,
+        description="HTTP worker processes; from 2, they parse and serialise requests and feed "
+        "one engine process that owns the models, so batches still form across all of them.",
+    )
     drain_timeout_s: float = Field(
         30.0, ge=0, description="On shutdown, how long queued requests may take to finish."
     )

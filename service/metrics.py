@@ -1,4 +1,10 @@
-"""Prometheus metrics on their own registry; the batcher reports to them as an observer."""
+"""Prometheus metrics on their own registry; the batcher reports to them as an observer.
+
+With several HTTP workers (``rnnserve --workers N``) every process writes its values to
+prometheus_client's multiprocess folder (``PROMETHEUS_MULTIPROC_DIR``, set before any of them
+imports prometheus_client), and ``Metrics(multiprocess=True).exposition()`` adds up every
+process's files: the workers' request metrics and the engine's batch metrics.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -22,8 +29,11 @@ FRACTION_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 class Metrics:
     """Every rnnserve_* metric. One instance per app, so tests can build many apps."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, multiprocess: bool = False
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.multiprocess = multiprocess
         r = self.registry
         self.request_duration = Histogram(
             "rnnserve_request_duration_seconds",
@@ -85,12 +95,14 @@ class Metrics:
             "Requests waiting in the batcher's queue.",
             ["model"],
             registry=r,
+            multiprocess_mode="livesum",  # only the engine sets it; gone with the engine
         )
         self.in_flight = Gauge(
             "rnnserve_requests_in_flight",
             "Requests being handled now, by endpoint.",
             ["endpoint"],
             registry=r,
+            multiprocess_mode="livesum",  # the sum over the live workers
         )
         self.cancelled = Counter(
             "rnnserve_requests_cancelled_total",
@@ -132,4 +144,8 @@ class Metrics:
             self.batch_failures.labels(name).inc()
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged)  # every process's values, from the shared folder
+        return generate_latest(merged)

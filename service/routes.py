@@ -18,8 +18,9 @@ from pydantic import BaseModel
 from service import wire
 from service.batching import BatcherClosed, QueueFull
 from service.metrics import CONTENT_TYPE, Metrics
-from service.runtime import ModelRuntime, StreamingUnavailable, UnknownModel
+from service.runtime import Runtime, StreamingUnavailable, UnknownModel
 from service.stepping import Piece
+from service.transport import EngineUnavailable
 from service.validation import (
     Limits,
     RequestError,
@@ -78,7 +79,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "no such model"),
         (413, "request over a configured limit"),
         (422, "input of the wrong shape or values"),
-        (503, "not ready, queue full or shutting down"),
+        (503, "not ready, queue full, shutting down or engine unavailable"),
     )
 }
 
@@ -90,14 +91,14 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", summary="Readiness: 200 once models are warm, 503 before and while draining")
 async def readyz(request: Request) -> Response:
-    if request.app.state.ready:
+    if request.app.state.ready and request.app.state.runtime.available:
         return json_response({"status": "ready"})
     return json_response({"status": "not ready"}, 503)
 
 
 @router.get("/models", summary="The served models: name, kind, shapes, parameters")
 async def list_models(request: Request) -> dict[str, Any]:
-    runtime: ModelRuntime = request.app.state.runtime
+    runtime: Runtime = request.app.state.runtime
     return {"models": [{"name": m.name, **m.info} for m in runtime.models.values()]}
 
 
@@ -151,7 +152,7 @@ async def _infer(
 ) -> Response:
     state = request.app.state
     metrics: Metrics = state.metrics
-    runtime: ModelRuntime = state.runtime
+    runtime: Runtime = state.runtime
     settings = state.settings
     started = time.perf_counter()
     gauge = metrics.in_flight.labels(endpoint)
@@ -193,7 +194,7 @@ async def _infer(
         try:
             if streaming:
                 try:
-                    pieces = runtime.stream(name, sequences)
+                    pieces = await runtime.open_stream(name, sequences)
                 except StreamingUnavailable as exc:
                     raise RequestError(422, "cannot_stream", str(exc), ("model",)) from None
                 code = 200
@@ -206,6 +207,8 @@ async def _infer(
             raise RequestError(503, "queue_full", str(exc)) from None
         except BatcherClosed as exc:
             raise RequestError(503, "shutting_down", str(exc)) from None
+        except EngineUnavailable as exc:  # several workers: the model process has gone
+            raise RequestError(503, "engine_unavailable", str(exc)) from None
         code = 200
         binary = wire.wants_safetensors(request.headers.get("accept"))
         return Response(

@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -49,6 +49,36 @@ class StartupError(RuntimeError):
 
 class StreamingUnavailable(ValueError):
     """The model cannot stream its output (not a continuously scheduled Traveller)."""
+
+
+class ServedInfo(Protocol):
+    """What the HTTP layer reads of a served model."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def input_dim(self) -> int: ...
+    @property
+    def info(self) -> dict[str, Any]: ...
+
+
+class Runtime(Protocol):
+    """What the HTTP layer uses of a runtime: :class:`ModelRuntime` in this process, or
+    :class:`service.transport.RemoteRuntime` in an HTTP worker of ``rnnserve --workers N``.
+    Both raise the same errors: ``UnknownModel``, ``QueueFull``, ``BatcherClosed``,
+    ``StreamingUnavailable``."""
+
+    @property
+    def models(self) -> Mapping[str, ServedInfo]: ...
+    @property
+    def available(self) -> bool: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def get(self, name: str) -> ServedInfo: ...
+    async def infer(self, name: str, sequences: Item) -> Item: ...
+    async def open_stream(self, name: str, sequences: Item) -> AsyncIterator[list[Piece]]: ...
 
 
 @dataclass
@@ -238,6 +268,11 @@ class ModelRuntime:
 
     # -- inference ------------------------------------------------------------------------
 
+    @property
+    def available(self) -> bool:
+        """Always: the models live in this process (an HTTP worker's runtime may lose them)."""
+        return True
+
     def get(self, name: str) -> ServedModel:
         try:
             return self.models[name]
@@ -261,6 +296,10 @@ class ModelRuntime:
             sequences, size=len(sequences), cost=sum(len(s) for s in sequences)
         )
 
+    async def open_stream(self, name: str, sequences: Item) -> AsyncIterator[list[Piece]]:
+        """:meth:`stream`, awaitable: the same for this runtime, needed across processes."""
+        return self.stream(name, sequences)
+
     async def infer(self, name: str, sequences: Item | list[np.ndarray]) -> Item:
         """Run ``sequences`` (float32, ``input_dim`` wide) through model ``name``."""
         served = self.get(name)
@@ -274,14 +313,20 @@ class ModelRuntime:
         """Runs on the worker thread: pack every sequence of every item, run once, split.
 
         Rows go straight from each request's flat array to their packed rows, and back to one
-        flat output array in request order, each in one pass (no padding).
+        flat output array in request order, each in one pass (no padding). The smoother on the
+        CPU skips packing: its recursion is per sequence, so it runs on the rows as they come.
         """
         lengths = np.concatenate([item.lengths for item in items])
-        layout = plan(lengths)
-        with torch.inference_mode():
-            packed = pack_flat([item.data for item in items], lengths, self.device, layout)
-            out = run_model(module, packed)
-            flat = unpack_flat(out.cpu(), lengths, layout).numpy()  # [sum T, out_dim]
+        if isinstance(module, LinearRecursion) and self.device.type == "cpu":
+            # the recursion is per sequence: run it on the requests' own rows, no packing
+            data = items[0].data if len(items) == 1 else np.concatenate([i.data for i in items])
+            flat = module.smooth_flat(data, lengths)
+        else:
+            layout = plan(lengths)
+            with torch.inference_mode():
+                packed = pack_flat([item.data for item in items], lengths, self.device, layout)
+                out = run_model(module, packed)
+                flat = unpack_flat(out.cpu(), lengths, layout).numpy()  # [sum T, out_dim]
         if record and self.metrics is not None:
             frac = active_fraction(lengths)
             self.metrics.batch_active_fraction.labels(name).observe(frac)

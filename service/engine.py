@@ -1,0 +1,78 @@
+"""The engine process of ``rnnserve --workers N``: the models, served to the HTTP workers.
+
+It runs the same :class:`~service.runtime.ModelRuntime` a single-process server runs (batchers,
+continuous scheduler, one worker thread per model), so requests from every HTTP worker meet in
+the same batches; :class:`~service.transport.EngineServer` serves it on a Unix domain socket in
+a private folder. Its batch and queue metrics go to the shared Prometheus multiprocess folder,
+where any worker's ``/metrics`` reads them.
+
+Shutdown: the ``rnnserve`` parent sends SIGTERM once the HTTP workers have finished their
+requests and gone. On SIGTERM the engine waits for the workers still connected (up to
+``drain_timeout_s``), then drains its batchers and exits. SIGINT (Ctrl-C reaches the whole
+process group) is left to the parent, and the engine also exits if the parent dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+
+from service.config import Settings
+from service.metrics import Metrics
+from service.runtime import ModelRuntime
+from service.transport import EngineServer
+
+log = logging.getLogger("rnnserve.engine")
+
+PARENT_POLL_S = 1.0
+
+
+def run(settings: Settings, socket_path: str, ready: Connection) -> None:
+    """Process entry point: load and warm the models, serve them, send our pid on ``ready``."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        asyncio.run(serve(settings, socket_path, ready))
+    except Exception:
+        log.exception("the engine failed")
+        sys.exit(1)
+
+
+async def serve(settings: Settings, socket_path: str, ready: Connection | None = None) -> None:
+    """Serve until SIGTERM (or the parent's death), then drain and return."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    runtime = ModelRuntime(settings, Metrics(multiprocess=True))
+    await runtime.start()
+    server = EngineServer(runtime, socket_path)
+    await server.start()
+    log.info("engine (pid %d) serving on %s", os.getpid(), socket_path)
+    if ready is not None:
+        ready.send(os.getpid())
+        ready.close()
+    orphaned = asyncio.ensure_future(_parent_gone(os.getppid()))
+    orphaned.add_done_callback(lambda _: stop.set())
+    try:
+        await stop.wait()
+    finally:
+        orphaned.cancel()
+        log.info("engine draining: %d worker connection(s) open", server.connections)
+        if not await server.wait_idle(settings.drain_timeout_s):
+            log.warning("workers still connected after %.0f s", settings.drain_timeout_s)
+        await runtime.stop()
+        await server.close()
+        log.info("engine stopped")
+
+
+async def _parent_gone(parent: int) -> None:
+    while os.getppid() == parent:  # noqa: ASYNC110 (no event to wait on: poll the parent)
+        await asyncio.sleep(PARENT_POLL_S)
+    log.error("the rnnserve parent process is gone; stopping")

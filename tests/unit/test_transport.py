@@ -1,0 +1,382 @@
+"""The process boundary: frames, and a RemoteRuntime talking to an EngineServer over a socket.
+
+The engine side runs a fake runtime held on events, so the tests can see requests in flight,
+cancelled, or failing; one test puts the real ModelRuntime behind the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from models.packing import FlatSequences
+from service.app import create_app
+from service.batching import BatcherClosed, QueueFull
+from service.config import Settings
+from service.runtime import ModelRuntime, StreamingUnavailable, UnknownModel
+from service.stepping import Piece
+from service.transport import (
+    HEADER,
+    PREFIX,
+    EngineError,
+    EngineServer,
+    EngineUnavailable,
+    Frame,
+    FrameError,
+    Op,
+    RemoteRuntime,
+    decode,
+    error_frame,
+    frame_error,
+    progress_frame,
+    progress_pieces,
+)
+
+# -- frames ------------------------------------------------------------------------------------
+
+
+def roundtrip(frame: Frame) -> Frame:
+    data = frame.encode()
+    (size,) = PREFIX.unpack_from(data)
+    assert size == len(data) - PREFIX.size
+    return decode(data[PREFIX.size :])
+
+
+@pytest.mark.parametrize(
+    ("rows", "ints"),
+    [
+        (np.empty((0, 0), np.float32), np.empty(0, np.int64)),
+        (np.arange(48, dtype=np.float32).reshape(3, 16), np.array([2, 1])),
+        (np.random.default_rng(0).standard_normal((100_000, 6)).astype(np.float32), np.ones(7)),
+    ],
+)
+def test_frames_round_trip(rows: np.ndarray, ints: np.ndarray) -> None:
+    frame = Frame(Op.INFER, 2**40 + 3, 0, "smoother ✓".encode(), ints.astype(np.int64), rows)
+    back = roundtrip(frame)
+    assert (back.op, back.id, back.code, back.text) == (Op.INFER, 2**40 + 3, 0, frame.text)
+    np.testing.assert_array_equal(back.ints, frame.ints)
+    assert back.rows.dtype == np.float32
+    assert back.rows.shape == rows.shape
+    np.testing.assert_array_equal(back.rows, rows)
+
+
+def test_the_rows_are_not_copied_on_either_side() -> None:
+    rows = np.ones((1000, 16), np.float32)
+    buffers = Frame(Op.RESULT, 1, ints=np.array([1000]), rows=rows).buffers()
+    assert any(isinstance(b, memoryview) and id(b.obj) == id(rows) for b in buffers)
+    body = b"".join(buffers)[PREFIX.size :]
+    assert decode(body).rows.base is not None  # a view of the received bytes
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\x01\x00",  # shorter than the header
+        HEADER.pack(Op.INFER, 0, 1, 0, 1, 2, 2) + b"\x00" * 8,  # floats missing
+        HEADER.pack(Op.INFER, 0, 1, 3, 0, 0, 0) + b"abcdef",  # bytes left over
+        HEADER.pack(99, 0, 1, 0, 0, 0, 0),  # unknown op
+    ],
+)
+def test_bad_frames_are_refused(body: bytes) -> None:
+    with pytest.raises(FrameError):
+        decode(body)
+
+
+def test_progress_round_trips() -> None:
+    pieces: list[Piece] = [
+        (0, 64, np.full((3, 2), 0.5, np.float32)),
+        (2, 0, np.arange(10, dtype=np.float32).reshape(5, 2)),
+    ]
+    back = progress_pieces(roundtrip(progress_frame(9, pieces)))
+    assert [(i, t) for i, t, _ in back] == [(0, 64), (2, 0)]
+    for (_, _, y), (_, _, z) in zip(pieces, back, strict=True):
+        np.testing.assert_array_equal(y, z)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        UnknownModel("no model named 'x' (served: smoother)"),
+        QueueFull("smoother queue is full (1024 waiting)"),
+        BatcherClosed("smoother is not accepting work"),
+        StreamingUnavailable("model 'smoother' cannot stream"),
+    ],
+)
+def test_errors_come_back_as_the_same_exception(exc: Exception) -> None:
+    again = frame_error(roundtrip(error_frame(5, exc)))
+    assert type(again) is type(exc)
+    assert str(again) == str(exc)
+
+
+def test_other_errors_come_back_as_engine_errors() -> None:
+    again = frame_error(roundtrip(error_frame(5, ZeroDivisionError("boom"))))
+    assert isinstance(again, EngineError)
+    assert "ZeroDivisionError: boom" in str(again)
+
+
+# -- a fake engine ------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeModel:
+    name: str
+    kind: str = "smoother"
+    input_dim: int = 4
+    info: dict[str, Any] = field(default_factory=lambda: {"kind": "smoother"})
+
+
+class FakeRuntime:
+    """Doubles every number; ``gate`` holds calls; records what started and was cancelled."""
+
+    def __init__(self) -> None:
+        self.models = {"m": FakeModel("m")}
+        self.available = True
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.started: list[int] = []  # rows of each call that started
+        self.cancelled = 0
+        self.closed_streams = 0
+        self.fail: Exception | None = None
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def get(self, name: str) -> FakeModel:
+        if name not in self.models:
+            raise UnknownModel(f"no model named '{name}' (served: m)")
+        return self.models[name]
+
+    async def infer(self, name: str, sequences: FlatSequences) -> FlatSequences:
+        self.get(name)
+        self.started.append(sequences.total)
+        if self.fail is not None:
+            raise self.fail
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return FlatSequences(sequences.data * 2, sequences.lengths)
+
+    async def open_stream(self, name: str, sequences: FlatSequences) -> AsyncIterator[list[Piece]]:
+        self.get(name)
+        if self.fail is not None:
+            raise self.fail
+        return self._chunks(sequences)
+
+    async def _chunks(self, sequences: FlatSequences) -> AsyncIterator[list[Piece]]:
+        try:
+            for start in range(0, int(sequences.lengths.max()), 2):
+                yield [(i, start, s[start : start + 2, :2]) for i, s in enumerate(sequences)
+                       if start < len(s)]  # fmt: skip
+                await self.gate.wait()
+        finally:
+            self.closed_streams += 1
+
+
+@asynccontextmanager
+async def engine(
+    tmp_path: Path, runtime: Any, on_lost: Callable[[], None] | None = None
+) -> AsyncIterator[tuple[EngineServer, RemoteRuntime]]:
+    path = str(tmp_path / "engine.sock")
+    server = EngineServer(runtime, path)
+    await server.start()
+    remote = RemoteRuntime(path, on_lost)
+    await remote.start()
+    try:
+        yield server, remote
+    finally:
+        await remote.stop()
+        await server.close()
+
+
+def flat(*lengths: int, width: int = 4, seed: int = 0) -> FlatSequences:
+    rng = np.random.default_rng(seed)
+    return FlatSequences.from_arrays(
+        [rng.standard_normal((n, width)).astype(np.float32) for n in lengths]
+    )
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async def poll() -> None:
+        while not check():  # noqa: ASYNC110 (the fakes' state has no event of its own)
+            await asyncio.sleep(0.002)
+
+    await asyncio.wait_for(poll(), timeout_s)
+
+
+# -- the two sides together ----------------------------------------------------------------------
+
+
+async def test_hello_lists_the_models_and_the_socket_is_private(tmp_path: Path) -> None:
+    async with engine(tmp_path, FakeRuntime()) as (server, remote):
+        assert remote.available
+        assert remote.engine_pid == os.getpid()
+        m = remote.get("m")
+        assert (m.name, m.kind, m.input_dim, m.info) == ("m", "smoother", 4, {"kind": "smoother"})
+        assert stat.S_IMODE(os.stat(server.path).st_mode) == 0o600
+        assert server.connections == 1
+        with pytest.raises(UnknownModel, match="no model named 'x' \\(served: m\\)"):
+            remote.get("x")
+
+
+async def test_many_calls_share_one_connection(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+    fake.gate.clear()
+    async with engine(tmp_path, fake) as (_, remote):
+        inputs = [flat(*range(1, k + 2), seed=k) for k in range(20)]
+        calls = [asyncio.ensure_future(remote.infer("m", x)) for x in inputs]
+        await until(lambda: len(fake.started) == 20)  # all in the engine at once
+        assert not any(c.done() for c in calls)
+        fake.gate.set()
+        outputs = await asyncio.gather(*calls)
+    for x, y in zip(inputs, outputs, strict=True):
+        np.testing.assert_array_equal(y.lengths, x.lengths)
+        np.testing.assert_array_equal(y.data, x.data * 2)
+
+
+async def test_cancelling_a_call_cancels_it_in_the_engine(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+    fake.gate.clear()
+    async with engine(tmp_path, fake) as (_, remote):
+        call = asyncio.ensure_future(remote.infer("m", flat(3)))
+        await until(lambda: len(fake.started) == 1)
+        call.cancel()
+        await until(lambda: fake.cancelled == 1)
+        # the connection goes on serving
+        fake.gate.set()
+        out = await remote.infer("m", flat(2))
+        assert out.total == 2
+
+
+async def test_streams_arrive_chunk_by_chunk_and_closing_one_cancels_it(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+    async with engine(tmp_path, fake) as (_, remote):
+        x = flat(5, 2)
+        chunks = [c async for c in await remote.open_stream("m", x)]
+        assert [[(i, t, len(y)) for i, t, y in c] for c in chunks] == [
+            [(0, 0, 2), (1, 0, 2)], [(0, 2, 2)], [(0, 4, 1)],
+        ]  # fmt: skip
+        np.testing.assert_array_equal(chunks[1][0][2], x[0][2:4, :2])
+        await until(lambda: fake.closed_streams == 1)
+
+        fake.gate.clear()
+        stream = await remote.open_stream("m", flat(9))
+        first = await anext(stream)
+        assert first[0][:2] == (0, 0)
+        await stream.aclose()  # type: ignore[attr-defined]
+        await until(lambda: fake.closed_streams == 2)  # the engine's generator was closed
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        QueueFull("m queue is full (1 waiting)"),
+        BatcherClosed("m is not accepting work"),
+        StreamingUnavailable("model 'm' cannot stream"),
+        UnknownModel("no model named 'm'"),
+    ],
+)
+async def test_engine_errors_are_raised_again_in_the_worker(tmp_path: Path, exc: Exception) -> None:
+    fake = FakeRuntime()
+    fake.fail = exc
+    async with engine(tmp_path, fake) as (_, remote):
+        with pytest.raises(type(exc), match=str(exc).replace("(", r"\(").replace(")", r"\)")):
+            await remote.infer("m", flat(2))
+        with pytest.raises(type(exc)):
+            await remote.open_stream("m", flat(2))  # raised before anything streams
+
+
+async def test_a_failing_model_is_an_engine_error(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+    fake.fail = RuntimeError("the model broke")
+    async with engine(tmp_path, fake) as (_, remote):
+        with pytest.raises(EngineError, match="RuntimeError: the model broke"):
+            await remote.infer("m", flat(2))
+        fake.fail = None
+        assert (await remote.infer("m", flat(2))).total == 2
+
+
+async def test_engine_gone_fails_calls_and_later_ones_at_once(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+    fake.gate.clear()
+    lost: list[bool] = []
+    async with engine(tmp_path, fake, on_lost=lambda: lost.append(True)) as (server, remote):
+        call = asyncio.ensure_future(remote.infer("m", flat(3)))
+        stream = await remote.open_stream("m", flat(9))
+        await until(lambda: len(fake.started) == 1)
+        await server.close()  # the engine goes away
+        with pytest.raises(EngineUnavailable):
+            await asyncio.wait_for(call, 5)
+        with pytest.raises(EngineUnavailable):
+            async for _ in stream:
+                pass
+        assert not remote.available
+        assert lost == [True]
+        with pytest.raises(EngineUnavailable):
+            await remote.infer("m", flat(1))
+
+
+async def test_connecting_to_no_engine_fails(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailable):
+        await RemoteRuntime(str(tmp_path / "none.sock")).start(timeout_s=0.2)
+
+
+async def test_the_worker_app_answers_503_once_the_engine_is_gone(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+    fake.models = {"smoother": FakeModel("smoother", input_dim=16)}
+    path = str(tmp_path / "engine.sock")
+    server = EngineServer(fake, path)
+    await server.start()
+    app = create_app(Settings(), engine_socket=path)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+            body = {"sequences": [[[1.0] * 16] * 3]}
+            r = await client.post("/smooth", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["sequences"] == [[[2.0] * 16] * 3]
+            assert (await client.get("/readyz")).status_code == 200
+            await server.close()
+            await until(lambda: not app.state.runtime.available)
+            assert (await client.get("/readyz")).status_code == 503
+            r = await client.post("/smooth", json=body)
+            assert r.status_code == 503
+            assert r.json()["type"] == "engine_unavailable"
+            assert r.headers["retry-after"] == "1"
+
+
+async def test_the_real_runtime_answers_the_same_through_the_socket(tmp_path: Path) -> None:
+    runtime = ModelRuntime(Settings(max_delay_ms=1.0))
+    await runtime.start()
+    try:
+        async with engine(tmp_path, runtime) as (_, remote):
+            assert {m.name: m.info for m in remote.models.values()} == {
+                m.name: m.info for m in runtime.models.values()
+            }
+            for name, width in (("smoother", 16), ("traveller", 6)):
+                x = flat(30, 7, 1, width=width)
+                direct, remote_out = await runtime.infer(name, x), await remote.infer(name, x)
+                np.testing.assert_array_equal(remote_out.data, direct.data)
+                np.testing.assert_array_equal(remote_out.lengths, direct.lengths)
+            x = flat(150, 20, width=6)
+            there = [c async for c in await remote.open_stream("traveller", x)]
+            here = [c async for c in await runtime.open_stream("traveller", x)]
+            assert len(there) == len(here) == 3  # 64 steps a chunk
+            for a, b in zip(there, here, strict=True):
+                assert [(i, t) for i, t, _ in a] == [(i, t) for i, t, _ in b]
+                for (_, _, y), (_, _, z) in zip(a, b, strict=True):
+                    np.testing.assert_array_equal(y, z)
+    finally:
+        await runtime.stop()
