@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
@@ -24,6 +25,7 @@ from models.kernels import (
     numba_available,
     triton_available,
 )
+from models.kernels.smoother_cpu import smooth_flat_numba
 
 Kernel = Literal["auto", "numba", "torch", "triton"]
 
@@ -99,6 +101,18 @@ class LinearRecursion(nn.Module):
         if x.unsorted_indices is not None:
             final = final.index_select(0, x.unsorted_indices)
         return PackedSequence(y, x.batch_sizes, x.sorted_indices, x.unsorted_indices), final
+
+    def smooth_flat(self, data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The packed batch's output, computed on the sequences' own rows (CPU, inference).
+
+        ``data``: ``[sum T_j, F]``, sequence ``j`` the next ``lengths[j]`` rows; returns the
+        output in the same layout. The recursion runs per sequence, so the result equals
+        :meth:`forward` on the packed batch (to float32 rounding) without packing and unpacking:
+        the server's path for CPU batches.
+        """
+        if data.ndim != 2 or data.shape[1] != self.feat_dim:
+            raise ValueError(f"expected rows of shape [N, {self.feat_dim}], got {data.shape}")
+        return smooth_flat_numba(data, lengths, self.alpha_smooth, self.wx)[0]
 
     def _check(self, x: PackedSequence) -> Tensor:
         if not isinstance(x, PackedSequence):

@@ -7,6 +7,11 @@ padding, no per-sequence Python loop and no index tensors are needed:
 - :func:`ema_packed_torch` loops over *steps* in Python with one slice per step; it runs on any
   device and is differentiable, so it is the training path off the GPU.
 
+:func:`smooth_flat_numba` computes the same numbers as the packed kernels plus the
+``tanh(wx * s)`` epilogue, in one pass over the sequences' own rows (each sequence contiguous,
+one after another): the recursion is per sequence, so the packed batch's result does not need
+the packed layout. The server uses it for CPU batches, skipping pack and unpack.
+
 Both take an optional initial state ``init`` ([B, F], sorted order, the state before step 0):
 with it ``s_0 = alpha * init + (1 - alpha) * x_0``, without it ``s_0 = x_0``.
 :func:`last_step_rows` finds each sequence's final state among the packed rows.
@@ -22,6 +27,8 @@ from torch import Tensor
 
 try:  # numba is a runtime dependency, but keep the torch path usable without it.
     import numba
+
+    from models.kernels.numba_math import fast_tanh
 
     _HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised only where numba is missing
@@ -113,3 +120,53 @@ def last_step_rows(batch_sizes: Tensor) -> Tensor:
     # batch_sizes is non-increasing, so reversed it is sorted: count the steps with bs[t] <= j
     lengths = bs.numel() - torch.searchsorted(bs.flip(0), seq, right=True)
     return offsets[lengths - 1] + seq
+
+
+def _smooth_flat(x: Any, lengths: Any, alpha: Any, wx: Any, out: Any, last: Any) -> None:
+    # x, out: [N, F], sequence j is the next lengths[j] rows; last: [B, F] final states
+    n_feat = x.shape[1]
+    keep = alpha
+    take = 1 - alpha
+    s = np.empty(n_feat, x.dtype)
+    row = 0
+    for j in range(lengths.shape[0]):
+        for f in range(n_feat):
+            s[f] = x[row, f]
+            out[row, f] = fast_tanh(wx[f] * s[f])
+        for r in range(row + 1, row + lengths[j]):
+            for f in range(n_feat):
+                s[f] = keep[f] * s[f] + take[f] * x[r, f]
+                out[r, f] = fast_tanh(wx[f] * s[f])
+        for f in range(n_feat):
+            last[j, f] = s[f]
+        row += lengths[j]
+
+
+if _HAVE_NUMBA:
+    _smooth_flat_compiled = numba.njit(nogil=True, boundscheck=False, error_model="numpy")(
+        _smooth_flat
+    )
+
+
+def smooth_flat_numba(
+    data: np.ndarray, lengths: np.ndarray, alpha: Tensor, wx: Tensor
+) -> tuple[np.ndarray, np.ndarray]:
+    """``tanh(wx * s)`` for sequences laid one after another; returns ``(y, final states)``.
+
+    ``data``: ``[sum T_j, F]`` float32 or float64 (sequence ``j`` is the next ``lengths[j]``
+    rows), ``s_0 = x_0``. Equal to the packed kernels' result to rounding (float32 ``tanh`` is a
+    rational approximation, |error| < 4e-7), with no packing. Inference only.
+    """
+    if not _HAVE_NUMBA:
+        raise RuntimeError("numba is not installed")
+    x = np.ascontiguousarray(data)
+    n = np.ascontiguousarray(lengths, dtype=np.int64)
+    if x.ndim != 2 or n.ndim != 1 or int(n.sum()) != x.shape[0] or (n < 1).any():
+        raise ValueError(f"need [sum lengths, F] rows and lengths >= 1, got {x.shape}, {n}")
+    dtype = torch.float64 if x.dtype == np.float64 else torch.float32
+    a = alpha.detach().to(dtype=dtype).contiguous().numpy()
+    w = wx.detach().to(dtype=dtype).contiguous().numpy()
+    out = np.empty_like(x)
+    last = np.empty((len(n), x.shape[1]), x.dtype)
+    _smooth_flat_compiled(x, n, a, w, out, last)
+    return out, last

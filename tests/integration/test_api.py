@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import models
 import service.runtime
+from models.smoothing import LinearRecursion
 from service.app import create_app
 from service.config import Settings
 from tests.integration.conftest import AppClient
@@ -299,6 +300,14 @@ def _fail_on_steps(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
         return real(module, packed)
 
     monkeypatch.setattr(service.runtime, "run_model", flaky)
+    real_flat = LinearRecursion.smooth_flat  # the smoother's CPU path, which skips packing
+
+    def flaky_flat(self: LinearRecursion, data: Any, lengths: Any) -> Any:
+        if data.shape[0] == steps:
+            raise RuntimeError("simulated device failure")
+        return real_flat(self, data, lengths)
+
+    monkeypatch.setattr(LinearRecursion, "smooth_flat", flaky_flat)
 
 
 async def test_model_failure_is_a_500_for_that_batch_only(

@@ -158,3 +158,39 @@ def test_default_weights_load_and_match_reference() -> None:
         y = model(pack([torch.from_numpy(x)])).data.numpy()
     alpha, wx = params(model)
     np.testing.assert_allclose(y, smoother_reference(x, alpha, wx), atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=10),
+    feat_dim=st.integers(1, 20),
+    seed=st.integers(0, 2**16),
+)
+def test_smooth_flat_equals_the_packed_forward(
+    lengths: list[int], feat_dim: int, seed: int
+) -> None:
+    """The server's CPU path (no packing) gives the packed batch's output, sequence by sequence."""
+    model = make_model(feat_dim, seed)
+    rng = np.random.default_rng(seed)
+    seqs = [rng.standard_normal((n, feat_dim)).astype(np.float32) * 3 for n in lengths]
+    flat = model.smooth_flat(np.concatenate(seqs), np.array(lengths))
+    with torch.inference_mode():
+        packed = unpack(model(pack([torch.from_numpy(s) for s in seqs])))
+    np.testing.assert_allclose(flat, torch.cat(packed).numpy(), atol=1e-6, rtol=0)
+    alpha, wx = params(model)
+    row = 0
+    for s in seqs:  # and pandas, in float64
+        want = smoother_reference(s, alpha, wx)
+        np.testing.assert_allclose(flat[row : row + len(s)], want, atol=2e-6, rtol=0)
+        row += len(s)
+    flat64 = model.double().smooth_flat(np.concatenate(seqs).astype(np.float64), np.array(lengths))
+    ref64 = np.concatenate([smoother_reference(s, alpha, wx) for s in seqs])
+    np.testing.assert_allclose(flat64, ref64, atol=1e-12, rtol=0)
+
+
+def test_smooth_flat_refuses_rows_that_do_not_fit() -> None:
+    model = make_model(4)
+    with pytest.raises(ValueError, match=r"\[N, 4\]"):
+        model.smooth_flat(np.zeros((5, 3), np.float32), np.array([5]))
+    with pytest.raises(ValueError, match="lengths"):
+        model.smooth_flat(np.zeros((5, 4), np.float32), np.array([2, 2]))
