@@ -1,0 +1,258 @@
+"""``rnnserve --workers 2``: two HTTP worker processes feeding one engine process.
+
+Which worker answered is in the ``X-Rnnserve-Worker`` header; an HTTP connection stays with the
+worker that accepted it, so a client with one connection is pinned to one worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from service.app import create_app
+from service.config import Settings
+from tests.e2e.server import Server, start_server, stop
+from tests.e2e.test_disconnect import STEPS, hang_up_during_rollout
+from tests.metrics import value
+
+pytestmark = pytest.mark.e2e
+HEADER = "x-rnnserve-worker"
+BINARY = "application/x-safetensors"
+# the batch window is long enough that two requests sent together always share a batch
+SETTINGS = {"max_delay_ms": 100.0, "rollout_chunk_steps": 32}
+FLAGS = ("--workers", "2", "--max-delay-ms", "100", "--rollout-chunk-steps", "32")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("workers"), *FLAGS)
+    yield srv
+    stop(srv)
+
+
+def metrics(url: str) -> str:
+    return httpx.get(f"{url}/metrics", timeout=30).text
+
+
+@asynccontextmanager
+async def clients_per_worker(
+    url: str, per_worker: int = 1, workers: int = 2
+) -> AsyncIterator[list[list[httpx.AsyncClient]]]:
+    """``per_worker`` one-connection clients on each worker (found by asking for pids)."""
+    async with AsyncExitStack() as stack:
+        pinned: dict[str, list[httpx.AsyncClient]] = {}
+        for _ in range(60 * per_worker):
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=1))
+            )
+            pid = (await client.get("/healthz")).headers[HEADER]
+            if len(pinned.setdefault(pid, [])) < per_worker:
+                pinned[pid].append(client)
+            if len(pinned) == workers and all(len(c) == per_worker for c in pinned.values()):
+                yield list(pinned.values())
+                return
+        pytest.fail(f"not enough connections reached every worker: {pinned}")
+
+
+@asynccontextmanager
+async def one_client_per_worker(url: str) -> AsyncIterator[list[httpx.AsyncClient]]:
+    async with clients_per_worker(url) as pinned:
+        yield [clients[0] for clients in pinned]
+
+
+@asynccontextmanager
+async def single_process_app() -> AsyncIterator[httpx.AsyncClient]:
+    """Today's single-process server, in this process, with the same settings."""
+    app = create_app(Settings(**SETTINGS))  # type: ignore[arg-type]
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://one") as client:
+            yield client
+
+
+def bodies(seed: int, width: int, field: str, count: int, longest: int = 300) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    return [
+        orjson.dumps({field: [rng.standard_normal((int(n), width)).round(4).tolist()
+                              for n in rng.integers(1, longest, 1 + k % 3)]})
+        for k in range(count)
+    ]  # fmt: skip
+
+
+async def test_answers_equal_the_single_process_server(server: Server) -> None:
+    requests: list[tuple[str, bytes, dict[str, str]]] = [
+        ("/smooth", b, {}) for b in bodies(1, 16, "sequences", 4)
+    ] + [
+        ("/rollout", b, {}) for b in bodies(2, 6, "inputs", 4)
+    ] + [
+        ("/rollout", b, {"accept": "application/x-ndjson"}) for b in bodies(3, 6, "inputs", 3)
+    ] + [
+        ("/smooth", b, {"accept": BINARY}) for b in bodies(4, 16, "sequences", 2)
+    ]  # fmt: skip
+    async with single_process_app() as one, one_client_per_worker(server.url) as workers:
+        for k, (path, body, headers) in enumerate(requests):
+            expected = await one.post(path, content=body, headers=headers)
+            got = await workers[k % 2].post(path, content=body, headers=headers)
+            assert expected.status_code == got.status_code == 200, got.text
+            assert got.headers["content-type"] == expected.headers["content-type"]
+            assert got.content == expected.content, path  # byte for byte
+        for path, body in (("/smooth", b'{"sequences": [[[1, 2]]]}'), ("/nope", b"{}")):
+            expected = await one.post(path, content=body)
+            got = await workers[0].post(path, content=body)
+            assert (got.status_code, got.content) == (expected.status_code, expected.content)
+        expected_models = (await one.get("/models")).json()
+        assert (await workers[1].get("/models")).json() == expected_models
+
+
+async def test_requests_from_both_workers_share_a_batch(server: Server) -> None:
+    async with one_client_per_worker(server.url) as (a, b):
+        before = metrics(server.url)
+        x = {"sequences": [[[0.5] * 16] * 20]}
+        ra, rb = await asyncio.gather(a.post("/smooth", json=x), b.post("/smooth", json=x))
+        assert {ra.status_code, rb.status_code} == {200}
+        assert ra.headers[HEADER] != rb.headers[HEADER]
+        after = metrics(server.url)
+        for name, delta in (
+            ("rnnserve_batch_requests_count", 1),
+            ("rnnserve_batch_requests_sum", 2),
+        ):
+            seen = value(after, name, model="smoother") - value(before, name, model="smoother")
+            assert seen == delta, f"{name}: {seen}"  # one batch held both workers' requests
+
+        # rollouts: chunks of steps that ran requests of both workers at once
+        def shared_chunks(text: str) -> float:
+            every = value(text, "rnnserve_batch_requests_count", model="traveller")
+            alone = value(text, "rnnserve_batch_requests_bucket", model="traveller", le="1.0")
+            return every - alone
+
+        before = metrics(server.url)
+        u = {"inputs": [[[0.1] * 6] * 2000]}
+        ra, rb = await asyncio.gather(a.post("/rollout", json=u), b.post("/rollout", json=u))
+        assert {ra.status_code, rb.status_code} == {200}
+        assert ra.json() == rb.json()
+        assert shared_chunks(metrics(server.url)) - shared_chunks(before) >= 10
+
+
+async def test_metrics_add_up_across_workers(server: Server) -> None:
+    count = 40
+    async with one_client_per_worker(server.url) as (a, b):
+        texts = [(await c.get("/metrics")).text for c in (a, b)]
+        assert {value(t, "rnnserve_request_duration_seconds_count") for t in texts}.__len__() == 1
+        before = texts[0]
+        x = {"sequences": [[[0.25] * 16] * 10]}
+        sends = [(a if k % 2 else b).post("/smooth", json=x) for k in range(count)]
+        replies = await asyncio.gather(*sends)
+        assert [r.status_code for r in replies] == [200] * count
+        assert len({r.headers[HEADER] for r in replies}) == 2
+        for client in (a, b):  # every worker shows the whole server
+            after = (await client.get("/metrics")).text
+            labels = {"endpoint": "smooth", "code": "200"}
+            done = value(after, "rnnserve_request_duration_seconds_count", **labels)
+            assert (
+                done - value(before, "rnnserve_request_duration_seconds_count", **labels) == count
+            )
+            batched = value(after, "rnnserve_batch_requests_sum", model="smoother")
+            assert batched - value(before, "rnnserve_batch_requests_sum", model="smoother") == count
+            queued = value(after, "rnnserve_queue_wait_seconds_count", model="smoother")
+            assert (
+                queued - value(before, "rnnserve_queue_wait_seconds_count", model="smoother")
+                == count
+            )
+            assert value(after, "rnnserve_requests_in_flight", endpoint="smooth") == 0
+            assert value(after, "rnnserve_queue_depth", model="smoother") == 0
+
+
+@pytest.mark.parametrize("accept", ["application/json", "application/x-ndjson"])
+def test_a_client_that_hangs_up_is_cancelled_in_the_engine(server: Server, accept: str) -> None:
+    def metric(name: str, **labels: str) -> float:
+        return value(metrics(server.url), name, **labels)
+
+    cancelled = metric("rnnserve_requests_cancelled_total", endpoint="rollout")
+    ran = metric("rnnserve_batch_timesteps_sum", model="traveller")
+    hang_up_during_rollout(server, accept)
+    ran = metric("rnnserve_batch_timesteps_sum", model="traveller") - ran
+    assert metric("rnnserve_requests_cancelled_total", endpoint="rollout") == cancelled + 1
+    assert 0 < ran < STEPS / 2  # the engine stopped it long before its end
+    r = httpx.post(f"{server.url}/rollout", json={"inputs": [[[0.1] * 6] * 5]}, timeout=30)
+    assert r.status_code == 200
+
+
+def _in_flight(url: str) -> float:
+    try:
+        return value(metrics(url), "rnnserve_requests_in_flight", endpoint="rollout")
+    except httpx.TransportError:
+        return -1
+
+
+def test_sigterm_finishes_every_accepted_request(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, "--workers", "2", "--max-batch-size", "2")
+    inputs = np.random.default_rng(3).standard_normal((2000, 6)).round(3).tolist()
+
+    async def scenario() -> list[httpx.Response]:
+        async with clients_per_worker(srv.url, per_worker=6) as pinned:
+            tasks = [
+                asyncio.ensure_future(client.post("/rollout", json={"inputs": [inputs]}))
+                for clients in pinned
+                for client in clients
+            ]
+            deadline = time.monotonic() + 30
+            while _in_flight(srv.url) < 12:  # all 12 accepted (by both workers), most queued
+                assert time.monotonic() < deadline, "requests never arrived"
+                await asyncio.sleep(0.01)
+            srv.proc.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+    responses = asyncio.run(scenario())
+    assert [r.status_code for r in responses] == [200] * 12
+    assert len({r.headers[HEADER] for r in responses}) == 2
+    first = responses[0].json()["positions"]
+    assert all(r.json()["positions"] == first for r in responses)
+    assert srv.proc.wait(timeout=60) == 0
+    log = srv.log.read_text()
+    assert log.count("Application shutdown complete") == 2, log
+    assert "engine draining: 0 worker connection(s) open" in log, log  # workers went first
+    assert "engine stopped" in log, log
+
+
+def test_the_engine_dying_gives_503_and_stops_the_server(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, "--workers", "2", "--rollout-chunk-steps", "32")
+    found = re.search(r"engine process (\d+) ready", srv.log.read_text())
+    assert found is not None
+    engine = int(found.group(1))
+
+    async def scenario() -> tuple[httpx.Response, list[int | str]]:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+            running = asyncio.ensure_future(
+                client.post("/rollout", json={"inputs": [[[0.1] * 6] * STEPS]})
+            )
+            deadline = time.monotonic() + 60
+            while value(metrics(srv.url), "rnnserve_batch_timesteps_sum", model="traveller") == 0:
+                assert time.monotonic() < deadline, "the rollout never started"
+                await asyncio.sleep(0.01)
+            os.kill(engine, signal.SIGKILL)
+            reply = await running
+            ready: list[int | str] = []
+            for _ in range(3):
+                try:
+                    ready.append((await client.get("/readyz")).status_code)
+                except httpx.TransportError as exc:  # the server is already shutting down
+                    ready.append(type(exc).__name__)
+            return reply, ready
+
+    reply, ready = asyncio.run(scenario())
+    assert reply.status_code == 503, reply.text
+    assert reply.json()["type"] == "engine_unavailable"
+    assert 200 not in ready, ready
+    assert srv.proc.wait(timeout=60) == 1
+    assert "the engine process died" in srv.log.read_text()
