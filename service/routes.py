@@ -58,6 +58,23 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     )
 
 
+class BuffersResponse(Response):
+    """A body sent as several buffers one after another (no copy into one ``bytes``)."""
+
+    def __init__(self, parts: list[Any], media_type: str) -> None:
+        super().__init__(b"", media_type=media_type)
+        self.parts = [memoryview(p).cast("B") for p in parts]
+        self.headers["content-length"] = str(sum(p.nbytes for p in self.parts))
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        for i, part in enumerate(self.parts):
+            more = i < len(self.parts) - 1
+            await send({"type": "http.response.body", "body": part, "more_body": more})
+
+
 def _body_spec(schema: type[BaseModel]) -> dict[str, Any]:
     # the body is parsed by hand (raw bytes straight into pydantic), so document it here
     return {
@@ -210,11 +227,10 @@ async def _infer(
         except EngineUnavailable as exc:  # several workers: the model process has gone
             raise RequestError(503, "engine_unavailable", str(exc)) from None
         code = 200
-        binary = wire.wants_safetensors(request.headers.get("accept"))
-        return Response(
-            wire.encode(name, out_field, outputs, binary),
-            media_type=wire.SAFETENSORS if binary else wire.JSON,
-        )
+        if wire.wants_safetensors(request.headers.get("accept")):
+            parts = wire.encode_parts(name, out_field, outputs)
+            return BuffersResponse(parts, media_type=wire.SAFETENSORS)
+        return Response(wire.encode(name, out_field, outputs, False), media_type=wire.JSON)
     except ClientGone:
         code = 499  # nginx's "client closed request": nobody reads this answer
         metrics.cancelled.labels(endpoint).inc()

@@ -295,3 +295,16 @@ def test_content_type() -> None:
     assert wire.is_safetensors("Application/X-Safetensors; charset=binary")
     assert not wire.is_safetensors("application/json")
     assert not wire.is_safetensors(None)
+
+
+def test_first_non_finite_finds_the_first_nan_or_infinity() -> None:
+    from service.wire import _first_non_finite
+
+    x = np.random.default_rng(3).standard_normal(20_000).astype(np.float32)
+    assert _first_non_finite(x) == -1
+    for bad in (np.nan, np.inf, -np.inf):
+        for at in (0, 4095, 4096, 12_345, 19_999):
+            y = x.copy()
+            y[at] = bad
+            y[min(at + 7, 19_999)] = np.nan  # a later one does not hide the first
+            assert _first_non_finite(y) == at
