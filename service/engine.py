@@ -39,6 +39,12 @@ def run(settings: Settings, socket_path: str, ready: Connection) -> None:
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        import uvloop  # with uvicorn[standard]; the workers run on it too
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
         asyncio.run(serve(settings, socket_path, ready))
     except Exception:
         log.exception("the engine failed")
