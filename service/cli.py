@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import wait
 
 import uvicorn
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from service import engine
 from service.app import ENGINE_SOCKET_ENV, create_app
@@ -86,7 +86,9 @@ def settings_environment(settings: Settings) -> dict[str, str]:
     """``RNNSERVE_*`` variables that rebuild ``settings`` in another process."""
     env = {}
     for name, value in settings.model_dump().items():
-        if value is not None:
+        if isinstance(value, SecretStr):
+            env[f"RNNSERVE_{name.upper()}"] = value.get_secret_value()
+        elif value is not None:
             text = str(value).lower() if isinstance(value, bool) else str(value)
             env[f"RNNSERVE_{name.upper()}"] = text
     return env

@@ -22,6 +22,7 @@ import pytest
 from models.packing import FlatSequences
 from service.app import create_app
 from service.batching import BatcherClosed, QueueFull
+from service.cli import settings_environment
 from service.config import Settings
 from service.runtime import ModelRuntime, StreamingUnavailable, UnknownModel
 from service.stepping import Piece
@@ -380,3 +381,17 @@ async def test_the_real_runtime_answers_the_same_through_the_socket(tmp_path: Pa
                     np.testing.assert_array_equal(y, z)
     finally:
         await runtime.stop()
+
+
+def test_settings_reach_the_workers_through_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = Settings(
+        port=0, access_log=True, model_dir=tmp_path, max_delay_ms=7.5, workers=3,
+        rollout_scheduling="batch",
+    )  # fmt: skip
+    for key in [k for k in os.environ if k.startswith("RNNSERVE_")]:
+        monkeypatch.delenv(key)
+    for key, text in settings_environment(settings).items():
+        monkeypatch.setenv(key, text)
+    assert Settings().model_dump() == settings.model_dump()
