@@ -89,7 +89,9 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> Response:
-        return json_response(exc.body(), exc.status)
+        # raised by a dependency (the bearer token check) or a route
+        auth = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return json_response(exc.body(), exc.status, auth)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:

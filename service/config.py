@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -70,6 +70,35 @@ class Settings(BaseSettings):
     max_request_timesteps: int = Field(
         1_000_000, ge=1, description="Most timesteps in one request, all sequences (413 above)."
     )
+    batch_split_depth: int = Field(
+        8,
+        ge=0,
+        description="Times a failing batch is halved to retry each half apart, so only the "
+        "requests that fail alone fail (0: a failing batch fails all its requests).",
+    )
+    request_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        description="Deadline of a request from its arrival (504 after; 0: none); a request's "
+        "X-Request-Timeout header (seconds) can only shorten it.",
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="Longest time to receive a whole request body (408 after)."
+    )
+    max_inflight_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1,
+        description="Request body bytes being read, parsed, queued and run at once, per "
+        "process, beyond which new requests get 503 overloaded.",
+    )
+    api_token: SecretStr | None = Field(
+        None,
+        description="Bearer token required by /smooth, /rollout, /models and /metrics "
+        "(default: none required).",
+    )
+    api_token_file: Path | None = Field(
+        None, description="File holding the bearer token (instead of RNNSERVE_API_TOKEN)."
+    )
     workers: int = Field(
         1,
         ge=1,
@@ -80,6 +109,33 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(
         30.0, ge=0, description="On shutdown, how long queued requests may take to finish."
     )
+
+    @field_validator("api_token_file")
+    @classmethod
+    def _readable_token(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                token = value.read_text().strip()
+            except OSError as exc:
+                raise ValueError(f"cannot read the token file: {exc.strerror}") from None
+            if not token:
+                raise ValueError(f"{value} is empty")
+        return value
+
+    @field_validator("api_token")
+    @classmethod
+    def _non_empty_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("the token is empty")
+        return value
+
+    def bearer_token(self) -> str | None:
+        """The token clients must send (``Authorization: Bearer <token>``), if any."""
+        if self.api_token is not None:
+            return self.api_token.get_secret_value().strip()
+        if self.api_token_file is not None:
+            return self.api_token_file.read_text().strip()
+        return None
 
     @field_validator("device")
     @classmethod

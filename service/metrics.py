@@ -51,7 +51,16 @@ class Metrics:
         )
         self.batch_compute = Histogram(
             "rnnserve_batch_compute_seconds",
-            "Wall time to run one batch: pack, model, unpack.",
+            "The model's own time for one batch (or chunk of rollout steps): pack, run, unpack, "
+            "measured on the model's worker thread.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_thread_wait = Histogram(
+            "rnnserve_batch_thread_wait_seconds",
+            "Time a batch spent not computing: waiting for its model's worker thread to take it "
+            "and for the event loop to take its result back.",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -90,6 +99,13 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.batch_splits = Counter(
+            "rnnserve_batch_splits_total",
+            "Failed batches split in two to retry each half apart (fault isolation), by reason: "
+            "error or out_of_memory.",
+            ["model", "reason"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "rnnserve_queue_depth",
             "Requests waiting in the batcher's queue.",
@@ -116,6 +132,19 @@ class Metrics:
             ["endpoint", "reason"],
             registry=r,
         )
+        self.expired = Counter(
+            "rnnserve_requests_expired_total",
+            "Requests whose deadline passed before their answer was ready (504): dropped from "
+            "the queue, or from a running rollout at its next chunk.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.inflight_bytes = Gauge(
+            "rnnserve_request_bytes_in_flight",
+            "Request body bytes being read, parsed, queued or run now (the memory budget's use).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
 
     # -- batcher observer -------------------------------------------------------------------
 
@@ -132,16 +161,21 @@ class Metrics:
         queue_waits: Sequence[float],
         compute_seconds: float,
         ok: bool,
+        wait_seconds: float = 0.0,
     ) -> None:
         wait = self.queue_wait.labels(name)
         for w in queue_waits:
             wait.observe(w)
         self.batch_compute.labels(name).observe(compute_seconds)
+        self.batch_thread_wait.labels(name).observe(wait_seconds)
         self.batch_requests.labels(name).observe(items)
         self.batch_sequences.labels(name).observe(size)
         self.batch_timesteps.labels(name).observe(cost)
         if not ok:
             self.batch_failures.labels(name).inc()
+
+    def on_split(self, name: str, reason: str) -> None:
+        self.batch_splits.labels(name, reason).inc()
 
     def exposition(self) -> bytes:
         if not self.multiprocess:

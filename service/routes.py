@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+import math
+import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import Gauge
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from service import wire
-from service.batching import BatcherClosed, QueueFull
+from service.batching import REQUEST_ID, BatcherClosed, QueueFull, is_out_of_memory
 from service.metrics import CONTENT_TYPE, Metrics
 from service.runtime import Runtime, StreamingUnavailable, UnknownModel
 from service.stepping import Piece
@@ -38,13 +43,42 @@ NDJSON = "application/x-ndjson"
 A = TypeVar("A")
 
 
+REQUEST_ID_HEADER = "X-Request-Id"
+TIMEOUT_HEADER = "X-Request-Timeout"
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces
+
+# Every ``type`` of an error body a client can receive (README lists them with their status).
+ErrorType = Literal[
+    # 400: the body cannot be read
+    "invalid_json", "invalid_safetensors", "invalid_header",
+    # 401, 404, 408, 413
+    "unauthorized", "unknown_model", "body_timeout",
+    "body_too_large", "too_many_sequences", "sequence_too_long", "too_many_timesteps",
+    # 422: input of the wrong shape or values
+    "invalid_request", "empty", "missing", "unknown_field", "wrong_shape", "wrong_dtype",
+    "model_type", "string_type",  # pydantic's: the body is not an object; 'model' not a string
+    "wrong_lengths", "wrong_feature_count", "not_a_number", "non_finite", "wrong_model_kind",
+    "cannot_stream",
+    # 503: try again later (Retry-After)
+    "not_ready", "queue_full", "overloaded", "shutting_down", "engine_unavailable",
+    "out_of_memory",
+    # 504, 500, other HTTP errors (405, 404 of a path that does not exist)
+    "deadline_exceeded", "internal", "http_error",
+]  # fmt: skip
+ERROR_TYPES: frozenset[str] = frozenset(get_args(ErrorType))
+
+
 class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
+class DeadlineExceeded(Exception):
+    """The request's deadline passed before its answer was ready."""
+
+
 class ErrorBody(BaseModel):
     detail: str
-    type: str
+    type: ErrorType = Field(description="machine-readable kind of error; README lists each")
     loc: list[str | int]
 
 
@@ -92,13 +126,105 @@ def _body_spec(schema: type[BaseModel]) -> dict[str, Any]:
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in (
-        (400, "body is not JSON"),
+        (400, "body is not JSON or safetensors, or a bad X-Request-Timeout header"),
+        (401, "a bearer token is required (when the server has one) and was missing or wrong"),
         (404, "no such model"),
+        (408, "the body did not arrive within body_timeout_s"),
         (413, "request over a configured limit"),
         (422, "input of the wrong shape or values"),
-        (503, "not ready, queue full, shutting down or engine unavailable"),
+        (
+            503,
+            "not ready, queue full, overloaded (memory budget), shutting down, engine "
+            "unavailable or out of memory; try again after Retry-After",
+        ),
+        (504, "the request's deadline passed before its answer was ready"),
     )
 }
+_INFER_ERRORS = {
+    **_ERRORS,
+    500: {"model": ErrorBody, "description": "internal error; see the server log"},
+}
+
+
+# -- authentication ------------------------------------------------------------------------------
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="Needed when the server has a token (RNNSERVE_API_TOKEN or api_token_file).",
+)
+
+
+def _server_token(request: Request) -> bytes | None:
+    state = request.app.state
+    try:
+        token: bytes | None = state.api_token
+    except AttributeError:  # read once per app
+        text = state.settings.bearer_token()
+        token = state.api_token = text.encode() if text is not None else None
+    return token
+
+
+async def authorize(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """Require ``Authorization: Bearer <token>`` when the server has a token."""
+    token = _server_token(request)
+    if token is None:
+        return
+    given = credentials.credentials.encode() if credentials is not None else b""
+    if hmac.compare_digest(given, token):  # constant time: no timing oracle on the token
+        return
+    metrics: Metrics = request.app.state.metrics
+    metrics.rejected.labels(request.url.path.strip("/"), "unauthorized").inc()
+    why = "a wrong bearer token" if credentials is not None else "no bearer token"
+    raise RequestError(401, "unauthorized", f"this endpoint needs a bearer token; got {why}")
+
+
+_AUTH = [Depends(authorize)]
+
+
+# -- memory budget -------------------------------------------------------------------------------
+
+
+class ByteBudget:
+    """Request bytes being read, parsed, queued and run at once (one event loop: no lock)."""
+
+    def __init__(self, limit: int, gauge: Gauge) -> None:
+        self.limit = limit
+        self.used = 0
+        self._gauge = gauge
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        self._gauge.set(self.used)
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        self._gauge.set(self.used)
+
+
+def _budget(request: Request) -> ByteBudget:
+    state = request.app.state
+    try:
+        budget: ByteBudget = state.byte_budget
+    except AttributeError:  # one per app
+        metrics: Metrics = state.metrics
+        budget = state.byte_budget = ByteBudget(
+            state.settings.max_inflight_bytes, metrics.inflight_bytes
+        )
+    return budget
+
+
+def _overloaded(budget: ByteBudget) -> RequestError:
+    return RequestError(
+        503, "overloaded",
+        f"the server holds {budget.used} bytes of requests (its budget is {budget.limit}); "
+        "try again later",
+    )  # fmt: skip
 
 
 @router.get("/healthz", summary="Liveness: 200 while the process runs")
@@ -113,13 +239,23 @@ async def readyz(request: Request) -> Response:
     return json_response({"status": "not ready"}, 503)
 
 
-@router.get("/models", summary="The served models: name, kind, shapes, parameters")
+@router.get(
+    "/models",
+    summary="The served models: name, kind, shapes, parameters",
+    dependencies=_AUTH,
+    responses={401: _ERRORS[401]},
+)
 async def list_models(request: Request) -> dict[str, Any]:
     runtime: Runtime = request.app.state.runtime
     return {"models": [{"name": m.name, **m.info} for m in runtime.models.values()]}
 
 
-@router.get("/metrics", summary="Prometheus text exposition")
+@router.get(
+    "/metrics",
+    summary="Prometheus text exposition",
+    dependencies=_AUTH,
+    responses={401: _ERRORS[401]},
+)
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE)
 
@@ -128,7 +264,8 @@ async def metrics(request: Request) -> Response:
     "/smooth",
     summary="Smooth N sequences of F features",
     openapi_extra=_body_spec(SmoothRequest),
-    responses={200: {"model": SmoothResponse}, **_ERRORS},
+    responses={200: {"model": SmoothResponse}, **_INFER_ERRORS},
+    dependencies=_AUTH,
 )
 async def smooth(request: Request) -> Response:
     return await _infer(request, "smooth", "smoother", SmoothRequest, "sequences", "sequences")
@@ -138,25 +275,76 @@ async def smooth(request: Request) -> Response:
     "/rollout",
     summary="Roll the Traveller out over N sequences of exogenous inputs",
     openapi_extra=_body_spec(RolloutRequest),
-    responses={200: {"model": RolloutResponse}, **_ERRORS},
+    responses={200: {"model": RolloutResponse}, **_INFER_ERRORS},
+    dependencies=_AUTH,
 )
 async def rollout(request: Request) -> Response:
     return await _infer(request, "rollout", "traveller", RolloutRequest, "inputs", "positions")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+class _Held:
+    """The bytes one request holds of the budget."""
+
+    n = 0
+
+
+async def _read_body(request: Request, limit: int, timeout_s: float, held: _Held) -> bytes:
+    """The body, within ``limit`` bytes and ``timeout_s`` seconds, counted against the budget:
+    the declared length up front (so a client is refused before it sends), the rest as it
+    arrives."""
     too_big = RequestError(413, "body_too_large", f"request body is over {limit} bytes")
+    budget = _budget(request)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_big
+    if declared.isdigit():
+        if int(declared) > limit:
+            raise too_big
+        if not budget.take(int(declared)):
+            raise _overloaded(budget)
+        held.n = int(declared)
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                if size > held.n:
+                    if not budget.take(size - held.n):
+                        raise _overloaded(budget)
+                    held.n = size
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(
+            408, "body_timeout",
+            f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)",
+        ) from None  # fmt: skip
     return b"".join(chunks)
+
+
+def _request_id(request: Request) -> str:
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given is not None and _REQUEST_ID.fullmatch(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def _deadline(request: Request, started: float, default_s: float) -> float:
+    """When the request's answer is due (``time.perf_counter`` clock; ``inf``: never)."""
+    timeout = default_s if default_s > 0 else math.inf
+    given = request.headers.get(TIMEOUT_HEADER)
+    if given is not None:
+        try:
+            asked = float(given)
+        except ValueError:
+            asked = math.nan
+        if not asked > 0:  # also NaN
+            raise RequestError(
+                400, "invalid_header",
+                f"{TIMEOUT_HEADER} must be a positive number of seconds, not {given[:32]!r}",
+            )  # fmt: skip
+        timeout = min(timeout, asked)
+    return started + timeout
 
 
 async def _infer(
@@ -175,12 +363,17 @@ async def _infer(
     gauge = metrics.in_flight.labels(endpoint)
     gauge.inc()
     in_flight: Gauge | None = gauge  # None once a stream has taken over the accounting
-    model_label = "unknown"
+    model_label = kind  # the default model, until the body names another
     code = 500
+    rid = _request_id(request)
+    REQUEST_ID.set(rid)  # this request's task only: the batcher logs failures with it
+    headers = {REQUEST_ID_HEADER: rid}
+    held = _Held()
     try:
         if not state.ready:
             raise RequestError(503, "not_ready", "the server is starting or shutting down")
-        body = await _read_body(request, settings.max_request_bytes)
+        deadline = _deadline(request, started, settings.request_timeout_s)
+        body = await _read_body(request, settings.max_request_bytes, settings.body_timeout_s, held)
         limits = Limits(
             settings.max_sequences_per_request,
             settings.max_sequence_length,
@@ -195,6 +388,7 @@ async def _infer(
         try:
             served = runtime.get(name)
         except UnknownModel as exc:
+            model_label = "unknown"  # not the client's text: labels stay few
             raise RequestError(404, "unknown_model", str(exc), ("model",)) from None
         model_label = name
         if served.kind != kind:
@@ -208,6 +402,8 @@ async def _infer(
         else:
             sequences = decoded.sequences(served.input_dim, name)
         streaming = endpoint == "rollout" and NDJSON in request.headers.get("accept", "")
+        if time.perf_counter() >= deadline:  # reading and parsing took it all: never queued
+            raise DeadlineExceeded
         try:
             if streaming:
                 try:
@@ -215,58 +411,88 @@ async def _infer(
                 except StreamingUnavailable as exc:
                     raise RequestError(422, "cannot_stream", str(exc), ("model",)) from None
                 code = 200
-                finish = (gauge, metrics, endpoint, model_label, started)
+                finish = (gauge, metrics, endpoint, model_label, started, deadline)
                 in_flight = None  # the stream's own finally accounts for it
                 stream = _ndjson(request, name, pieces, *finish)
-                return StreamingResponse(stream, media_type=NDJSON)
-            outputs = await _unless_disconnected(request, runtime.infer(name, sequences))
+                return StreamingResponse(stream, media_type=NDJSON, headers=headers)
+            outputs = await _unless_disconnected(request, runtime.infer(name, sequences), deadline)
         except QueueFull as exc:
             raise RequestError(503, "queue_full", str(exc)) from None
         except BatcherClosed as exc:
             raise RequestError(503, "shutting_down", str(exc)) from None
         except EngineUnavailable as exc:  # several workers: the model process has gone
             raise RequestError(503, "engine_unavailable", str(exc)) from None
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            # it failed alone (the batch was split down to it): the device is too full now
+            raise RequestError(
+                503, "out_of_memory", f"the model ran out of memory on this request ({rid})"
+            ) from None
         code = 200
         if wire.wants_safetensors(request.headers.get("accept")):
             parts = wire.encode_parts(name, out_field, outputs)
-            return BuffersResponse(parts, media_type=wire.SAFETENSORS)
-        return Response(wire.encode(name, out_field, outputs, False), media_type=wire.JSON)
+            response: Response = BuffersResponse(parts, media_type=wire.SAFETENSORS)
+            response.headers.update(headers)
+            return response
+        body = wire.encode(name, out_field, outputs, False)
+        return Response(body, media_type=wire.JSON, headers=headers)
     except ClientGone:
         code = 499  # nginx's "client closed request": nobody reads this answer
         metrics.cancelled.labels(endpoint).inc()
-        return Response(status_code=code)
+        return Response(status_code=code, headers=headers)
+    except DeadlineExceeded:
+        code = 504
+        metrics.expired.labels(endpoint).inc()
+        waited = time.perf_counter() - started
+        err = {"detail": f"the request's deadline passed after {waited:.3f} s; it was dropped",
+               "type": "deadline_exceeded", "loc": []}  # fmt: skip
+        return json_response(err, code, headers)
     except RequestError as exc:
         code = exc.status
-        metrics.rejected.labels(endpoint, exc.type).inc()
-        headers = {"Retry-After": "1"} if exc.status == 503 else None
-        return json_response(exc.body(), exc.status, headers)
+        err = exc.body()
+        if exc.type not in ERROR_TYPES:  # a parser's own kind: keep the documented few
+            err["type"] = "invalid_request" if exc.status == 422 else "http_error"
+        metrics.rejected.labels(endpoint, err["type"]).inc()
+        if exc.status == 503:
+            headers["Retry-After"] = "1"
+        return json_response(err, exc.status, headers)
     except Exception:
-        log.exception("%s failed", endpoint)
+        log.exception("%s failed (request %s)", endpoint, rid)
         return json_response(
-            {"detail": "internal server error; see the server log", "type": "internal",
-             "loc": []},
-            500,
+            {"detail": f"internal server error; see the server log (request {rid})",
+             "type": "internal", "loc": []},
+            500, headers,
         )  # fmt: skip
     finally:
+        # a streamed rollout's bytes are given back once it is queued (its copy is the
+        # scheduler's)
+        _budget(request).give(held.n)
         if in_flight is not None:
             in_flight.dec()
             elapsed = time.perf_counter() - started
             metrics.request_duration.labels(endpoint, model_label, str(code)).observe(elapsed)
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[A]) -> A:
+async def _unless_disconnected(request: Request, work: Awaitable[A], deadline: float) -> A:
     """Await ``work``; if the client disconnects first, cancel it (it leaves the queue or the
-    running batch) and raise :class:`ClientGone`."""
+    running batch) and raise :class:`ClientGone`; if the deadline passes first, cancel it
+    likewise and raise :class:`DeadlineExceeded`."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
+    left = deadline - time.perf_counter()
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {task, watcher},
+            timeout=None if math.isinf(left) else max(left, 0.0),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
     finally:
         watcher.cancel()
     if task.done():
         return task.result()
     task.cancel()
-    raise ClientGone
+    raise ClientGone if watcher.done() and not watcher.cancelled() else DeadlineExceeded
 
 
 async def _disconnected(request: Request) -> None:
@@ -284,13 +510,15 @@ async def _ndjson(
     endpoint: str,
     model_label: str,
     started: float,
+    deadline: float,
 ) -> AsyncIterator[bytes]:
     """The streamed rollout: one line per sequence per chunk, then a closing line.
 
     ``{"sequence": i, "start": t, "positions": [[x, y], ...]}`` for steps ``t..``; the last
-    line is ``{"model": ..., "done": true}``, or ``{"error": {...}}`` if the rollout failed.
-    A client that goes away while a chunk runs, or whose stream is closed, has its rollout
-    dropped at the next chunk.
+    line is ``{"model": ..., "done": true}``, or ``{"error": {...}}`` if the rollout failed or
+    its deadline passed (``"type": "deadline_exceeded"``; counted with code 504). A client
+    that goes away while a chunk runs, or whose stream is closed, has its rollout dropped at
+    the next chunk; so has a stream whose deadline passed.
     """
     code = "499"  # until the stream ends one way or another
     watcher = asyncio.ensure_future(_disconnected(request))
@@ -298,8 +526,20 @@ async def _ndjson(
     try:
         while True:
             step = asyncio.ensure_future(anext(pieces))
-            await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            left = deadline - time.perf_counter()
+            await asyncio.wait(
+                {step, watcher},
+                timeout=None if math.isinf(left) else max(left, 0.0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             if watcher.done():  # the client went away
+                return
+            if not step.done():  # the deadline passed
+                code = "504"
+                metrics.expired.labels(endpoint).inc()
+                error = {"detail": "the request's deadline passed; the rollout was dropped",
+                         "type": "deadline_exceeded"}  # fmt: skip
+                yield orjson.dumps({"error": error}, option=orjson.OPT_APPEND_NEWLINE)
                 return
             try:
                 chunk = step.result()

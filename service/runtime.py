@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -27,13 +27,15 @@ import models
 from models.packing import FlatSequences, active_fraction, pack_flat, plan, unpack_flat
 from models.smoothing import LinearRecursion
 from models.traveller import Traveller
-from service.batching import DynamicBatcher
+from service.batching import DynamicBatcher, TimedResults, is_out_of_memory
 from service.config import Settings
 from service.metrics import Metrics
 from service.scheduler import ChunkOutcome, ContinuousBatcher
 from service.stepping import ChunkedRollout, Piece
 
 log = logging.getLogger(__name__)
+
+A = TypeVar("A")
 
 # One request's sequences in ([sum T_i, input_dim] rows + lengths), its outputs out.
 Item = FlatSequences
@@ -232,14 +234,14 @@ class ModelRuntime:
                 loop = asyncio.get_running_loop()
                 # own copies: a binary request's rows are read-only views of its body
                 lists = [(key, [a.copy() for a in item]) for key, item in joins]
-                done, progress, steps = await loop.run_in_executor(
-                    executor, chunked.advance, lists, leaves
+                (done, progress, steps), seconds = await loop.run_in_executor(
+                    executor, _timed, chunked.advance, lists, leaves
                 )
                 if self.metrics is not None and steps:
                     fraction = self.metrics.batch_active_fraction.labels(name)
                     fraction.observe(chunked.last_active_fraction)
                 flat = {key: FlatSequences.from_arrays(out, 2) for key, out in done.items()}
-                return ChunkOutcome(flat, progress, steps)
+                return ChunkOutcome(flat, progress, steps, seconds)
 
             batcher = ContinuousBatcher(
                 advance,
@@ -247,12 +249,16 @@ class ModelRuntime:
                 max_queue_size=s.max_queue_size,
                 name=name,
                 observer=self.metrics,
+                max_split_depth=s.batch_split_depth,
             )
         else:
 
             async def handle(items: list[Item]) -> list[Item]:
                 loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(executor, self._compute, name, module, items)
+                results, seconds = await loop.run_in_executor(
+                    executor, _timed, self._compute, name, module, items
+                )
+                return TimedResults(results, seconds)
 
             batcher = DynamicBatcher(
                 handle,
@@ -262,6 +268,7 @@ class ModelRuntime:
                 max_queue_size=s.max_queue_size,
                 name=name,
                 observer=self.metrics,
+                max_split_depth=s.batch_split_depth,
             )
         info = models.describe(module)
         return ServedModel(name, info["kind"], module, _input_dim(module), info, batcher, executor)
@@ -336,6 +343,22 @@ class ModelRuntime:
             results.append(FlatSequences(flat[row : row + item.total], item.lengths))
             row += item.total
         return results
+
+
+def _timed(fn: Callable[..., A], *args: Any) -> tuple[A, float]:
+    """Run ``fn`` on this (worker) thread: its result and the seconds it took.
+
+    Out of memory, the CUDA caching allocator gives back what it holds before the error goes
+    on to the batcher, which retries the batch in halves.
+    """
+    started = time.perf_counter()
+    try:
+        result = fn(*args)
+    except Exception as exc:
+        if is_out_of_memory(exc) and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise
+    return result, time.perf_counter() - started
 
 
 def _input_dim(module: nn.Module) -> int:

@@ -10,8 +10,13 @@ to end. The engine owns the per-item state (on the device); the scheduler owns o
 whose callers went away, advances every active item by one chunk, and returns a
 :class:`ChunkOutcome`: the results of the items that finished in that chunk, the progress each
 running item made (handed to callers that :meth:`ContinuousBatcher.stream`), and the number of
-timesteps it ran. If it raises, every active item fails with that error (the engine must then
-hold nothing) and the scheduler goes on with the queue.
+timesteps it ran. If it raises, the engine must then hold nothing, and every active item fails
+with that error; unless ``max_split_depth`` > 0: then the items that ran in the failed chunk
+with others, and have not yet streamed any progress, start again from their first step, in two
+halves, each half running alone (no other item joins it) until it is done; a half that fails
+again is split again, down to single items, so only an item that fails on its own fails.
+Streamed items that already received progress fail with the error (their output cannot be
+taken back).
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from service.batching import BatcherClosed, BatchObserver, QueueFull
+from service.batching import (
+    REQUEST_ID,
+    BatcherClosed,
+    BatchObserver,
+    QueueFull,
+    failure_reason,
+    request_ids,
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,6 +53,7 @@ class ChunkOutcome(Generic[R]):
     finished: Mapping[int, R]
     progress: Mapping[int, Any]
     steps: int
+    compute_seconds: float | None = None  # the engine's own time, if it measured it
 
 
 Engine = Callable[[list[tuple[int, T]], list[int]], Awaitable[ChunkOutcome[R]]]
@@ -55,6 +68,10 @@ class _Work(Generic[T, R]):
     future: asyncio.Future[R]
     progress: asyncio.Queue[Any] | None = None  # set for streaming callers
     enqueued: float = field(default_factory=time.monotonic)
+    tag: str | None = field(default_factory=REQUEST_ID.get)
+    depth: int = 0  # how many times its chunk failed and it was split off to retry
+    group: int | None = None  # a retry group: runs alone, without other items
+    sent: bool = False  # progress was handed to its (streaming) caller
 
 
 class ContinuousBatcher(Generic[T, R]):
@@ -73,11 +90,17 @@ class ContinuousBatcher(Generic[T, R]):
         max_queue_size: int | None = None,
         name: str = "scheduler",
         observer: BatchObserver | None = None,
+        max_split_depth: int = 0,
     ) -> None:
         if max_active < 1:
             raise ValueError(f"max_active must be >= 1, got {max_active}")
         if max_queue_size is not None and max_queue_size < 1:
             raise ValueError(f"max_queue_size must be >= 1 or None, got {max_queue_size}")
+        if max_split_depth < 0:
+            raise ValueError(f"max_split_depth must be >= 0, got {max_split_depth}")
+        self.max_split_depth = max_split_depth
+        self._groups = itertools.count()
+        self._isolating: int | None = None  # the retry group running alone now
         self._engine = engine
         self.max_active = max_active
         self.max_queue_size = max_queue_size
@@ -200,12 +223,26 @@ class ContinuousBatcher(Generic[T, R]):
     def _admit(self) -> list[_Work[T, R]]:
         """Move queued items into the running set while their sequences fit."""
         joins: list[_Work[T, R]] = []
+        if self._isolating is not None and not any(
+            w.group == self._isolating for w in self._active.values()
+        ):
+            self._isolating = None  # the retry group running alone is done
         used = self.active_sequences
-        while self._queue:
+        while self._queue and self._isolating is None:
             work = self._queue[0]
             if work.future.done():  # the caller went away before it was admitted
                 self._queue.popleft()
                 continue
+            if work.group is not None:  # a retry group: alone, once the running set is empty
+                if used:
+                    break
+                self._isolating = work.group
+                while self._queue and self._queue[0].group == work.group:
+                    w = self._queue.popleft()
+                    if not w.future.done():
+                        self._active[w.key] = w
+                        joins.append(w)
+                break
             if used and used + work.size > self.max_active:
                 break
             self._queue.popleft()
@@ -220,6 +257,7 @@ class ContinuousBatcher(Generic[T, R]):
         running = list(self._active.values())
         ok = False
         steps = 0
+        compute: float | None = None
         try:
             outcome = await self._engine([(w.key, w.item) for w in joins], leaves)
         except asyncio.CancelledError:
@@ -228,33 +266,66 @@ class ContinuousBatcher(Generic[T, R]):
             self._active.clear()
             raise
         except Exception as exc:  # a failing chunk fails the items that were running in it
-            log.exception("%s: chunk of %d items failed", self.name, len(running))
-            for work in running:
-                if not work.future.done():
-                    work.future.set_exception(exc)
             self._active.clear()
+            self._isolating = None
+            self._failed(running, exc)
         else:
             ok = True
             steps = outcome.steps
+            compute = outcome.compute_seconds
             for key, step in outcome.progress.items():
                 runner = self._active.get(key)
                 if runner is not None and runner.progress is not None and not runner.future.done():
                     runner.progress.put_nowait(step)
+                    runner.sent = True
             for key, result in outcome.finished.items():
                 done = self._active.pop(key, None)
                 if done is not None and not done.future.done():
                     done.future.set_result(result)
         finally:
             if self._observer is not None:
+                wall = time.monotonic() - started
                 self._observer.on_batch(
                     self.name,
                     items=len(running),
                     size=sum(w.size for w in running),
                     cost=steps,
-                    queue_waits=[started - w.enqueued for w in joins],
-                    compute_seconds=time.monotonic() - started,
+                    queue_waits=[started - w.enqueued for w in joins if w.depth == 0],
+                    compute_seconds=wall if compute is None else compute,
                     ok=ok,
+                    wait_seconds=0.0 if compute is None else max(0.0, wall - compute),
                 )
+
+    def _failed(self, running: list[_Work[T, R]], exc: Exception) -> None:
+        """Requeue, in two halves at the front, the failed chunk's items that can start over;
+        fail the others."""
+        live = [w for w in running if not w.future.done()]
+        retry = [w for w in live if not w.sent and w.depth < self.max_split_depth]
+        if len(live) < 2:
+            retry = []  # it failed on its own
+        for work in live:
+            if work not in retry:
+                work.future.set_exception(exc)
+        ids = request_ids(w.tag for w in live)
+        if not retry:
+            log.error(
+                "%s: chunk of %d items failed; requests %s",
+                self.name, len(live), ids, exc_info=exc,
+            )  # fmt: skip
+            return
+        log.warning(
+            "%s: chunk of %d items failed (%s: %s); %d start over in two halves, apart; "
+            "requests %s", self.name, len(live), type(exc).__name__, exc, len(retry), ids,
+        )  # fmt: skip
+        if self._observer is not None:
+            self._observer.on_split(self.name, failure_reason(exc))
+        half = (len(retry) + 1) // 2
+        for part in (retry[half:], retry[:half]):
+            group = next(self._groups)
+            for work in reversed(part):
+                work.group, work.depth = group, work.depth + 1
+                self._queue.appendleft(work)
+        self._notify_depth()
 
     def _notify_depth(self) -> None:
         if self._observer is not None:
