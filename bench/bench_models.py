@@ -78,6 +78,8 @@ DEFAULT_OUT = Path("docs/BENCHMARKS.md")
 TOLERANCE = 1e-5  # max abs error against the float64 reference, over the real steps
 
 # MEASURED.md's CPU figures that the "expected / got" paragraph compares against.
+# the server's CPU path: EMA + tanh fused, on the sequences' own rows (no packing)
+SMOOTH_FLAT = "LinearRecursion.smooth_flat (no packing; the server's CPU path)"
 EXPECTED_SMOOTHER = {"ema_packed_numba": 1.7, "ema_packed_torch": 30.0, "seed-style": 6000.0}
 EXPECTED_TS_HIDDEN64 = {1: 26 / 10, 64: 209 / 100}  # fused cells + TorchScript vs nn.LSTM
 EXPECTED_EAGER_HIDDEN64 = {1: 42 / 10, 64: 193 / 100}  # fused cells, eager vs nn.LSTM
@@ -640,6 +642,21 @@ class Suite:
 
             return name, build
 
+        def flat() -> Case:
+            if self.cuda:
+                raise Unavailable("a CPU kernel")
+            model = make_smoother(plan.feat_dim, "numba", dev)
+            rows = np.concatenate([s.numpy() for s in seqs])
+            lens = np.array(lengths, np.int64)
+            got = model.smooth_flat(rows, lens)
+            padded = np.zeros_like(y_ref)
+            row = 0
+            for i, n in enumerate(lengths):
+                padded[i, :n] = got[row : row + n]
+                row += n
+            err = check(SMOOTH_FLAT, padded, y_ref, lengths)
+            return Case(SMOOTH_FLAT, lambda: model.smooth_flat(rows, lens), self.wait, err=err)
+
         def seed() -> Case:
             if self.cuda:
                 raise Unavailable("Python loops of one-row CUDA ops: minutes per call")
@@ -676,6 +693,7 @@ class Suite:
             ("ema_packed_numba", ema("ema_packed_numba", ema_packed_numba)),
             ("ema_packed_torch", ema("ema_packed_torch", ema_packed_torch)),
             *(layer(k) for k in smoother_kernels()),
+            (SMOOTH_FLAT, flat),
             (SEED_SMOOTHER, seed),
             (JAX_SCAN, jax_case(JAX_SCAN, "smoother_scan")),
             (JAX_ASSOC, jax_case(JAX_ASSOC, "smoother_associative_scan")),
