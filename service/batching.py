@@ -42,6 +42,16 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return "out of memory" in str(exc).lower()
 
 
+def mark_logged(exc: BaseException) -> None:
+    """Note that ``exc`` was logged with its request ids (callers need not log it again)."""
+    with contextlib.suppress(AttributeError):  # an exception without a __dict__
+        exc.rnnserve_logged = True  # type: ignore[attr-defined]
+
+
+def was_logged(exc: BaseException) -> bool:
+    return bool(getattr(exc, "rnnserve_logged", False))
+
+
 def failure_reason(exc: BaseException) -> str:
     """The ``reason`` label of a split: ``out_of_memory`` or ``error``."""
     return "out_of_memory" if is_out_of_memory(exc) else "error"
@@ -311,6 +321,7 @@ class DynamicBatcher(Generic[T, R]):
                 "%s: batch of %d requests failed; requests %s",
                 self.name, len(live), ids, exc_info=exc,
             )  # fmt: skip
+            mark_logged(exc)
         for p in live:
             p.future.set_exception(exc)
 

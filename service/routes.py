@@ -18,10 +18,16 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import Gauge
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service import wire
-from service.batching import REQUEST_ID, BatcherClosed, QueueFull, is_out_of_memory
+from service.batching import (
+    REQUEST_ID,
+    BatcherClosed,
+    QueueFull,
+    is_out_of_memory,
+    was_logged,
+)
 from service.metrics import CONTENT_TYPE, Metrics
 from service.runtime import Runtime, StreamingUnavailable, UnknownModel
 from service.stepping import Piece
@@ -31,6 +37,7 @@ from service.validation import (
     RequestError,
     RolloutRequest,
     RolloutResponse,
+    Sequences,
     SmoothRequest,
     SmoothResponse,
     parse_body,
@@ -282,6 +289,34 @@ async def rollout(request: Request) -> Response:
     return await _infer(request, "rollout", "traveller", RolloutRequest, "inputs", "positions")
 
 
+class InferRequest(BaseModel):
+    """``POST /models/{name}/infer``: N sequences of T_i steps of the model's input features."""
+
+    model_config = ConfigDict(extra="forbid")
+    inputs: Sequences = Field(description="N sequences, each [T_i][input features] numbers")
+    model: str | None = Field(None, description="optional; if given, must equal the path's name")
+
+
+class InferResponse(BaseModel):
+    model: str
+    outputs: list[list[list[float]]] = Field(description="N sequences, each [T_i][outputs]")
+
+
+@router.post(
+    "/models/{name}/infer",
+    summary="Run served model {name} (any kind, your own recurrent models too) over N sequences",
+    openapi_extra=_body_spec(InferRequest),
+    responses={200: {"model": InferResponse}, **_INFER_ERRORS},
+    dependencies=_AUTH,
+)
+async def infer(request: Request, name: str) -> Response:
+    return await _infer(request, "infer", None, InferRequest, "inputs", "outputs", path_model=name)
+
+
+# where each kind of model is served natively; every kind answers at /models/{name}/infer
+_NATIVE = {"smoother": "/smooth", "traveller": "/rollout"}
+
+
 class _Held:
     """The bytes one request holds of the budget."""
 
@@ -350,11 +385,15 @@ def _deadline(request: Request, started: float, default_s: float) -> float:
 async def _infer(
     request: Request,
     endpoint: str,
-    kind: str,
+    kind: str | None,
     schema: type[BaseModel],
     field: str,
     out_field: str,
+    *,
+    path_model: str | None = None,
 ) -> Response:
+    """One inference request. ``kind``: the kind of model the endpoint serves (its default
+    model's name too); ``None`` with ``path_model``, the model named in the path, of any kind."""
     state = request.app.state
     metrics: Metrics = state.metrics
     runtime: Runtime = state.runtime
@@ -363,7 +402,7 @@ async def _infer(
     gauge = metrics.in_flight.labels(endpoint)
     gauge.inc()
     in_flight: Gauge | None = gauge  # None once a stream has taken over the accounting
-    model_label = kind  # the default model, until the body names another
+    model_label = kind or "unknown"  # the default model, until the body or path names one
     code = 500
     rid = _request_id(request)
     REQUEST_ID.set(rid)  # this request's task only: the batcher logs failures with it
@@ -384,15 +423,25 @@ async def _infer(
             name, sequences = parse_body(body, schema, field)
         else:
             name = decoded.model
-        name = name or kind
+        where: tuple[str, ...] = ("model",)
+        if path_model is not None:
+            if name is not None and name != path_model:
+                raise RequestError(
+                    422, "invalid_request",
+                    f"the body names model '{name[:64]}' but the path names '{path_model[:64]}'; "
+                    "leave 'model' out of the body",
+                    ("model",),
+                )  # fmt: skip
+            name, where = path_model, ("path", "name")
+        name = name or kind or ""
         try:
             served = runtime.get(name)
         except UnknownModel as exc:
             model_label = "unknown"  # not the client's text: labels stay few
-            raise RequestError(404, "unknown_model", str(exc), ("model",)) from None
+            raise RequestError(404, "unknown_model", str(exc), where) from None
         model_label = name
-        if served.kind != kind:
-            other = "/smooth" if served.kind == "smoother" else "/rollout"
+        if kind is not None and served.kind != kind:
+            other = _NATIVE.get(served.kind, f"/models/{name}/infer")
             raise RequestError(
                 422, "wrong_model_kind",
                 f"model '{name}' is a {served.kind} model; send it to POST {other}", ("model",),
@@ -457,8 +506,9 @@ async def _infer(
         if exc.status == 503:
             headers["Retry-After"] = "1"
         return json_response(err, exc.status, headers)
-    except Exception:
-        log.exception("%s failed (request %s)", endpoint, rid)
+    except Exception as exc:
+        if not was_logged(exc):  # the batcher logs a model's failure once, with the ids
+            log.exception("%s failed (request %s)", endpoint, rid)
         return json_response(
             {"detail": f"internal server error; see the server log (request {rid})",
              "type": "internal", "loc": []},

@@ -37,6 +37,7 @@ from service.batching import (
     BatchObserver,
     QueueFull,
     failure_reason,
+    mark_logged,
     request_ids,
 )
 
@@ -312,6 +313,7 @@ class ContinuousBatcher(Generic[T, R]):
                 "%s: chunk of %d items failed; requests %s",
                 self.name, len(live), ids, exc_info=exc,
             )  # fmt: skip
+            mark_logged(exc)
             return
         log.warning(
             "%s: chunk of %d items failed (%s: %s); %d start over in two halves, apart; "
