@@ -36,11 +36,14 @@ class Observer:
     def __init__(self) -> None:
         self.batches: list[dict[str, object]] = []
         self.depths: list[int] = []
+        self.names: set[str] = set()
 
     def on_queue_depth(self, name: str, depth: int) -> None:
+        self.names.add(name)
         self.depths.append(depth)
 
     def on_batch(self, name: str, **kw: object) -> None:
+        self.names.add(name)
         self.batches.append(kw)
 
 
@@ -290,17 +293,142 @@ def test_arguments_are_checked() -> None:
     async def h(items: list[int]) -> list[int]:
         return items
 
-    with pytest.raises(ValueError, match="max_batch_size"):
+    with pytest.raises(ValueError, match="max_batch_size must be >= 1, got 0"):
         DynamicBatcher(h, max_batch_size=0, max_delay_s=0)
-    with pytest.raises(ValueError, match="max_delay_s"):
+    with pytest.raises(ValueError, match="max_delay_s must be >= 0, got -1"):
         DynamicBatcher(h, max_batch_size=1, max_delay_s=-1)
-    with pytest.raises(ValueError, match="max_queue_size"):
+    with pytest.raises(ValueError, match="max_batch_cost must be >= 1 or None, got 0"):
+        DynamicBatcher(h, max_batch_size=1, max_delay_s=0, max_batch_cost=0)
+    with pytest.raises(ValueError, match="max_queue_size must be >= 1 or None, got 0"):
         DynamicBatcher(h, max_batch_size=1, max_delay_s=0, max_queue_size=0)
+    # the smallest legal values are legal
+    b = DynamicBatcher(h, max_batch_size=1, max_delay_s=0, max_batch_cost=1, max_queue_size=1)
+    assert (b.max_batch_size, b.max_delay_s, b.max_batch_cost, b.max_queue_size) == (1, 0, 1, 1)
+    assert b.name == "batcher"
 
 
 async def test_submit_before_start_is_refused() -> None:
     async def h(items: list[int]) -> list[int]:
         return items
 
-    with pytest.raises(BatcherClosed):
+    with pytest.raises(BatcherClosed, match=r"^batcher is not accepting work$"):
         await DynamicBatcher(h, max_batch_size=1, max_delay_s=0).submit(1)
+
+
+async def test_errors_and_the_task_carry_the_batcher_name() -> None:
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(
+        handler, max_batch_size=1, max_delay_s=0, max_queue_size=1, name="m"
+    )
+    b.start()
+    assert "m-batcher" in {t.get_name() for t in asyncio.all_tasks()}
+    running = asyncio.ensure_future(b.submit(0))
+    await asyncio.wait_for(handler.entered.wait(), 5)
+    queued = asyncio.ensure_future(b.submit(1))
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull, match=r"^m queue is full \(1 waiting\)$"):
+        await b.submit(2)
+    await b.close(drain_timeout_s=0.01)
+    assert running.cancelled()
+    with pytest.raises(BatcherClosed, match=r"^m stopped$"):
+        await queued
+    with pytest.raises(BatcherClosed, match=r"^m is not accepting work$"):
+        await b.submit(3)
+
+
+async def test_a_batch_that_reaches_a_budget_exactly_runs_at_once() -> None:
+    # neither budget reached: the items wait for the delay
+    for kwargs in ({"max_batch_size": 4}, {"max_batch_size": 100, "max_batch_cost": 10}):
+        handler = Recorder()
+        b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_delay_s=30, **kwargs)
+        b.start()
+        first = [asyncio.ensure_future(b.submit(i, cost=3)) for i in range(3)]  # size 3, cost 9
+        await asyncio.sleep(0.05)
+        assert handler.batches == [], kwargs
+        last = asyncio.ensure_future(b.submit(3, cost=1))  # size 4, cost 10: full either way
+        assert await asyncio.wait_for(asyncio.gather(*first, last), 5) == [0, 10, 20, 30]
+        assert handler.batches == [[0, 1, 2, 3]]
+        await b.close()
+
+
+async def test_default_size_and_cost_are_one() -> None:
+    observer = Observer()
+    handler = Recorder()
+    b: DynamicBatcher[int, int] = DynamicBatcher(
+        handler, max_batch_size=100, max_batch_cost=2, max_delay_s=30, observer=observer
+    )
+    b.start()
+    assert await asyncio.wait_for(asyncio.gather(b.submit(1), b.submit(2)), 5) == [10, 20]
+    assert (observer.batches[0]["size"], observer.batches[0]["cost"]) == (2, 2)
+    await b.close()
+
+
+async def test_budgets_add_up_over_queued_items() -> None:
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(
+        handler, max_batch_size=5, max_batch_cost=10, max_delay_s=0
+    )
+    b.start()
+    blocker = asyncio.ensure_future(b.submit(-1))
+    await asyncio.wait_for(handler.entered.wait(), 5)
+    futs = [
+        asyncio.ensure_future(b.submit(1, size=2, cost=1)),
+        asyncio.ensure_future(b.submit(2, size=2, cost=1)),
+        asyncio.ensure_future(b.submit(3, size=2, cost=1)),  # sizes 2 + 2 + 2 > 5: [1, 2]
+        asyncio.ensure_future(b.submit(4, size=1, cost=4)),
+        asyncio.ensure_future(b.submit(5, size=1, cost=6)),  # costs 1 + 4 + 6 > 10: [3, 4]
+        asyncio.ensure_future(b.submit(6, size=1, cost=4)),  # costs 6 + 4 = 10 fit: [5, 6]
+        asyncio.ensure_future(b.submit(7, size=1, cost=6)),
+    ]
+    await asyncio.sleep(0.01)
+    handler.release.set()
+    await asyncio.wait_for(asyncio.gather(blocker, *futs), 5)
+    assert handler.batches == [[-1], [1, 2], [3, 4], [5, 6], [7]]
+    await b.close()
+
+
+async def test_a_cancelled_caller_in_the_middle_does_not_split_the_batch() -> None:
+    handler = Recorder()
+    handler.release.clear()
+    b: DynamicBatcher[int, int] = DynamicBatcher(handler, max_batch_size=8, max_delay_s=0)
+    b.start()
+    first = asyncio.ensure_future(b.submit(0))
+    await asyncio.wait_for(handler.entered.wait(), 5)
+    futs = [asyncio.ensure_future(b.submit(i)) for i in (1, 2, 3)]
+    await asyncio.sleep(0.01)
+    futs[1].cancel()
+    handler.release.set()
+    assert await asyncio.wait_for(asyncio.gather(first, futs[0], futs[2]), 5) == [0, 10, 30]
+    assert handler.batches == [[0], [1, 3]]
+    await b.close()
+
+
+async def test_observer_times_waits_and_compute_within_the_call() -> None:
+    observer = Observer()
+
+    async def slow(items: list[int]) -> list[int]:
+        await asyncio.sleep(0.05)
+        return items
+
+    delay = 0.05
+    b: DynamicBatcher[int, int] = DynamicBatcher(
+        slow, max_batch_size=100, max_delay_s=delay, observer=observer, name="m"
+    )
+    b.start()
+    started = time.monotonic()
+    await asyncio.wait_for(asyncio.gather(b.submit(1), b.submit(2)), 5)
+    elapsed = time.monotonic() - started
+    (batch,) = observer.batches
+    waits = batch["queue_waits"]
+    compute = batch["compute_seconds"]
+    assert isinstance(waits, list)
+    assert isinstance(compute, float)
+    # consistent with the call around them: each waited the delay, computed the handler's sleep
+    assert all(delay <= w <= elapsed for w in waits)
+    assert 0.05 <= compute <= elapsed
+    assert max(waits) + compute <= elapsed
+    assert batch["ok"] is True
+    assert observer.names == {"m"}
+    await b.close()
