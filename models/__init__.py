@@ -1,9 +1,10 @@
 """PyTorch models served by rnnserve, their weights, and the loader.
 
 A model directory holds one ``<name>.safetensors`` file per model. The file's metadata names the
-model's ``kind`` (``smoother`` or ``traveller``) and its constructor ``config`` as JSON; the
-tensors are the module's ``state_dict`` under the keys SYSTEM.md lists. The default models ship
-inside this package (``models/weights``).
+model's ``kind`` (``smoother``, ``traveller`` or ``recurrent``: your own LSTM/GRU stack with a
+linear head, see :mod:`models.recurrent` and ``python -m models.export``) and its constructor
+``config`` as JSON; the tensors are the module's ``state_dict`` under the keys SYSTEM.md lists.
+The default models ship inside this package (``models/weights``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from models.recurrent import RecurrentConfig, RecurrentModel
 from models.smoothing import LinearRecursion, SmootherConfig
 from models.traveller import RolloutBackend, Traveller, TravellerConfig
 
@@ -27,6 +29,7 @@ __all__ = [
     "LinearRecursion",
     "ModelLoadError",
     "ModelNotFound",
+    "RecurrentModel",
     "Traveller",
     "available",
     "build",
@@ -38,7 +41,7 @@ __all__ = [
 ]
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "weights"
-KINDS = ("smoother", "traveller")
+KINDS = ("smoother", "traveller", "recurrent")
 
 
 class ModelNotFound(LookupError):
@@ -65,6 +68,8 @@ def build(kind: str, config: dict[str, Any]) -> nn.Module:
         return LinearRecursion(**asdict(SmootherConfig(**config)))
     if kind == "traveller":
         return Traveller(**asdict(TravellerConfig(**config)))
+    if kind == "recurrent":
+        return RecurrentModel(RecurrentConfig(**config))
     raise ValueError(f"unknown model kind {kind!r}; known kinds: {', '.join(KINDS)}")
 
 
@@ -73,6 +78,8 @@ def kind_of(model: nn.Module) -> str:
         return "smoother"
     if isinstance(model, Traveller):
         return "traveller"
+    if isinstance(model, RecurrentModel):
+        return "recurrent"
     raise TypeError(f"not an rnnserve model: {type(model).__name__}")
 
 
@@ -82,7 +89,7 @@ def _config(model: nn.Module) -> dict[str, Any]:
         config = asdict(model.config)
         config.pop("alpha_smooth")  # an initial value only; the weights carry alpha
         return config
-    if isinstance(model, Traveller):
+    if isinstance(model, Traveller | RecurrentModel):
         return asdict(model.config)
     raise TypeError(f"not an rnnserve model: {type(model).__name__}")
 
@@ -178,6 +185,8 @@ def describe(model: nn.Module) -> dict[str, Any]:
     config = _config(model)
     if isinstance(model, LinearRecursion):
         shapes = {"input": ["T", model.feat_dim], "output": ["T", model.feat_dim]}
+    elif isinstance(model, RecurrentModel):
+        shapes = {"input": ["T", model.input_size], "output": ["T", model.head_size]}
     else:
         assert isinstance(model, Traveller)
         shapes = {"input": ["T", model.num_inputs], "output": ["T", 2]}

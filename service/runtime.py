@@ -25,6 +25,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 import models
 from models.packing import FlatSequences, active_fraction, pack_flat, plan, unpack_flat
+from models.recurrent import RecurrentModel
 from models.smoothing import LinearRecursion
 from models.traveller import Traveller
 from service.batching import DynamicBatcher, TimedResults, is_out_of_memory
@@ -141,7 +142,8 @@ def preflight(settings: Settings) -> list[str]:
 
 
 def run_model(module: nn.Module, packed: PackedSequence) -> PackedSequence:
-    """One forward pass of either kind of model over a packed batch."""
+    """One forward pass of any kind of model over a packed batch (a smoother or a
+    :class:`RecurrentModel` maps PackedSequence to PackedSequence; a Traveller rolls out)."""
     if isinstance(module, Traveller):
         return module.rollout(packed)
     out: PackedSequence = module(packed)
@@ -366,4 +368,6 @@ def _input_dim(module: nn.Module) -> int:
         return module.feat_dim
     if isinstance(module, Traveller):
         return module.num_inputs
+    if isinstance(module, RecurrentModel):
+        return module.input_size
     raise TypeError(f"cannot serve {type(module).__name__}")

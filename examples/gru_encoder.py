@@ -1,0 +1,122 @@
+"""Serve your own model: seed 003's GRU encoder, exported and served without rnnserve code.
+
+The model is plain PyTorch: ``nn.GRU(6, 200, num_layers=2)`` -> ``nn.Linear(200, 4)`` -> each
+output step divided by its L2 norm. (The seed's version kept a zero initial state sized for a
+batch of 8 and broadcast the norm with ``repeat``; the default zero state and ``keepdim`` do the
+same for any batch.) Run::
+
+    python examples/gru_encoder.py --out-dir my-models    # trains a little, saves, exports
+    rnnserve --model-dir my-models                        # serves gru_encoder (and any others)
+    curl -s localhost:8000/models/gru_encoder/infer -H 'content-type: application/json' \\
+      -d '{"inputs": [[[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], [0, 0, 0, 0, 0, 1]]]}'
+
+The export step is the command line anyone can run on their own checkpoint::
+
+    python -m models.export --checkpoint gru_encoder.pt --name gru_encoder \\
+        --out-dir my-models --activation l2_normalize
+
+:func:`gru_cell_loop` is an independent reference (one ``nn.GRUCell`` per layer, one sequence,
+one step at a time); the tests check the server against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from models import export
+
+
+class GRUEncoder(nn.Module):
+    """Seed 003's model: 2-layer GRU, a linear layer, then per-step L2 normalisation."""
+
+    def __init__(self, in_features: int = 6, hidden_size: int = 200, out_features: int = 4) -> None:
+        super().__init__()
+        self.gru = nn.GRU(input_size=in_features, hidden_size=hidden_size, num_layers=2)
+        self.dense = nn.Linear(hidden_size, out_features)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` ``[T, B, in_features]`` (time-major, as in the seed) -> ``[T, B, out]``."""
+        h, _ = self.gru(x)  # zero initial state, whatever the batch size
+        y = self.dense(h)
+        out: Tensor = y / y.norm(dim=-1, keepdim=True)
+        return out
+
+
+def make() -> GRUEncoder:
+    """A factory for ``python -m models.export --factory examples.gru_encoder:make``."""
+    torch.manual_seed(0)
+    return GRUEncoder()
+
+
+def gru_cell_loop(model: GRUEncoder, x: Tensor) -> Tensor:
+    """The reference: one sequence ``x`` ``[T, 6]`` through GRUCells step by step -> ``[T, 4]``."""
+    gru = model.gru
+    cells = []
+    for k in range(gru.num_layers):
+        cell = nn.GRUCell(gru.input_size if k == 0 else gru.hidden_size, gru.hidden_size)
+        cell.load_state_dict(
+            {
+                "weight_ih": getattr(gru, f"weight_ih_l{k}"),
+                "weight_hh": getattr(gru, f"weight_hh_l{k}"),
+                "bias_ih": getattr(gru, f"bias_ih_l{k}"),
+                "bias_hh": getattr(gru, f"bias_hh_l{k}"),
+            }
+        )
+        cells.append(cell)
+    h = [torch.zeros(1, gru.hidden_size) for _ in cells]
+    out = []
+    with torch.no_grad():
+        for t in range(len(x)):
+            z = x[t : t + 1]  # [1, F]
+            for k, cell in enumerate(cells):
+                h[k] = cell(z, h[k])
+                z = h[k]
+            y = model.dense(z)[0]
+            out.append(y / y.norm())
+    return torch.stack(out)
+
+
+def train(model: GRUEncoder, steps: int = 20) -> None:
+    """A few steps of training towards a fixed direction, so the weights are no longer the
+    initial ones (stands in for the user's own training)."""
+    gen = torch.Generator().manual_seed(1)
+    target = nn.functional.normalize(torch.randn(4, generator=gen), dim=0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(steps):
+        x = torch.randn(30, 8, 6, generator=gen)
+        loss = (model(x) - target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Train, save and export seed 003's GRU encoder.")
+    parser.add_argument("--out-dir", type=Path, default=Path("my-models"))
+    parser.add_argument("--name", default="gru_encoder")
+    parser.add_argument("--steps", type=int, default=20, help="training steps (0: none)")
+    args = parser.parse_args(argv)
+    model = make()
+    if args.steps:
+        train(model, args.steps)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = args.out_dir.parent / f"{args.name}.pt"  # not in the model dir: a pickle
+    torch.save(model.state_dict(), checkpoint)
+    return export.main(
+        [
+            "--checkpoint", str(checkpoint),
+            "--name", args.name,
+            "--out-dir", str(args.out_dir),
+            "--activation", "l2_normalize",
+        ]
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""``POST /models/{name}/infer`` in-process: your own exported GRU encoder next to a smoother."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import models
+from examples.gru_encoder import GRUEncoder, gru_cell_loop, make
+from models import export
+from service import wire
+from tests.integration.conftest import AppClient
+
+
+@pytest.fixture(scope="module")
+def encoder() -> GRUEncoder:
+    return make().eval()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory, encoder: GRUEncoder) -> Path:
+    d = tmp_path_factory.mktemp("own")
+    found = export.find_in_module(encoder)
+    cfg = export.config_of(found, "l2_normalize", {})
+    export.export(found, cfg, "gru_encoder", d)
+    shutil.copy(models.DEFAULT_MODEL_DIR / "smoother.safetensors", d)
+    return d
+
+
+def sequences(seed: int, lengths: tuple[int, ...]) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((n, 6)).astype(np.float32) for n in lengths]
+
+
+def expected(encoder: GRUEncoder, xs: list[np.ndarray]) -> list[np.ndarray]:
+    return [gru_cell_loop(encoder, torch.from_numpy(x)).numpy() for x in xs]
+
+
+async def test_infer_answers_like_a_gru_cell_loop(
+    app_client: AppClient, model_dir: Path, encoder: GRUEncoder
+) -> None:
+    async with app_client(model_dir=model_dir, max_delay_ms=20) as (_, client):
+        listed = (await client.get("/models")).json()["models"]
+        mine = next(m for m in listed if m["name"] == "gru_encoder")
+        assert mine["kind"] == "recurrent"
+        assert mine["shapes"] == {"input": ["T", 6], "output": ["T", 4]}
+        assert mine["config"]["activation"] == "l2_normalize"
+        # concurrent requests are batched together; each gets its own answer
+        bodies = [sequences(i, (3 + i, 1, 17)) for i in range(6)]
+        replies = await asyncio.gather(
+            *(
+                client.post("/models/gru_encoder/infer", json={"inputs": [x.tolist() for x in b]})
+                for b in bodies
+            )
+        )
+        for body, r in zip(bodies, replies, strict=True):
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == "gru_encoder"
+            outs = r.json()["outputs"]
+            for got, want in zip(outs, expected(encoder, body), strict=True):
+                np.testing.assert_allclose(np.array(got), want, atol=1e-5, rtol=0)
+        # the binary format, both ways
+        xs = sequences(9, (4, 2))
+        flat = {"inputs": np.concatenate(xs), "lengths": np.array([4, 2], np.int64)}
+        r = await client.post(
+            "/models/gru_encoder/infer",
+            content=wire.encode_safetensors(flat, {}),
+            headers={"content-type": wire.SAFETENSORS, "accept": wire.SAFETENSORS},
+        )
+        assert r.status_code == 200, r.text
+        from safetensors.numpy import load
+
+        out = load(r.content)
+        np.testing.assert_allclose(
+            out["outputs"], np.concatenate(expected(encoder, xs)), atol=1e-5, rtol=0
+        )
+        # the smoother answers there too, like at /smooth
+        smooth = [[[0.5] * 16, [1.0] * 16]]
+        a = await client.post("/models/smoother/infer", json={"inputs": smooth})
+        b = await client.post("/smooth", json={"sequences": smooth})
+        assert a.json()["outputs"] == b.json()["sequences"]
+
+
+async def test_infer_errors(app_client: AppClient, model_dir: Path) -> None:
+    async with app_client(model_dir=model_dir) as (_, client):
+        bad = [[[0.0] * 6, [0.0] * 6], [[0.0] * 6, [0.0] * 5]]
+        r = await client.post("/models/gru_encoder/infer", json={"inputs": bad})
+        assert r.status_code == 422
+        assert r.json()["type"] == "wrong_feature_count"
+        assert r.json()["loc"] == ["inputs", 1, 1]
+        assert "sequence 1, step 1" in r.json()["detail"]
+        r = await client.post("/models/nope/infer", json={"inputs": [[[0.0] * 6]]})
+        assert r.status_code == 404
+        assert r.json()["type"] == "unknown_model"
+        assert r.json()["loc"] == ["path", "name"]
+        r = await client.post(
+            "/models/gru_encoder/infer", json={"inputs": [[[0.0] * 6]], "model": "smoother"}
+        )
+        assert r.status_code == 422
+        assert r.json()["loc"] == ["model"]
+        r = await client.post("/models/gru_encoder/infer", json={"inputs": [[[0.0] * 6]], "x": 1})
+        assert r.status_code == 422
+        assert r.json()["type"] == "unknown_field"
+        r = await client.post("/models/gru_encoder/infer", json={"inputs": [[[1e39] + [0.0] * 5]]})
+        assert r.status_code == 422
+        assert r.json()["type"] == "non_finite"
+        # a recurrent model is not a smoother: /smooth says where to send it
+        r = await client.post("/smooth", json={"sequences": [[[0.0] * 6]], "model": "gru_encoder"})
+        assert r.status_code == 422
+        assert r.json()["type"] == "wrong_model_kind"
+        assert "/models/gru_encoder/infer" in r.json()["detail"]
+        # the schema documents the route with its body model
+        spec = (await client.get("/openapi.json")).json()
+        op = spec["paths"]["/models/{name}/infer"]["post"]
+        assert "inputs" in op["requestBody"]["content"]["application/json"]["schema"]["properties"]

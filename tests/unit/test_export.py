@@ -1,0 +1,172 @@
+"""``python -m models.export``: a user's checkpoint or module in, a checked safetensors file out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+import models
+from examples.gru_encoder import GRUEncoder, gru_cell_loop, make
+from models import export
+from models.packing import pack, unpack
+from models.recurrent import RecurrentModel
+
+
+class Tagger(nn.Module):
+    """A user's LSTM tagger: their names (lstm, fc), batch_first, a wrapped checkpoint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(5, 16, num_layers=3, batch_first=True)
+        self.fc = nn.Linear(16, 3)
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = export.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_seed_003_gru_encoder_round_trip_against_a_gru_cell_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    user = make().eval()
+    torch.save(user.state_dict(), tmp_path / "enc.pt")
+    code, out, err = run(
+        capsys, "--checkpoint", str(tmp_path / "enc.pt"), "--name", "gru_encoder",
+        "--out-dir", str(tmp_path / "m"), "--activation", "l2_normalize",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.count("\n") == 1
+    assert "gru_encoder.safetensors" in out
+    assert "hidden size 200, 2 layer(s), head size 4" in out
+    assert models.available(tmp_path / "m") == ["gru_encoder"]  # no leftovers
+    model = models.load("gru_encoder", tmp_path / "m")
+    assert isinstance(model, RecurrentModel)
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(n, 6, generator=gen) for n in (12, 1, 30, 7)]
+    with torch.no_grad():
+        got = unpack(model(pack(xs)))
+        for x, y in zip(xs, got, strict=True):
+            torch.testing.assert_close(y, gru_cell_loop(user, x), atol=1e-5, rtol=0)
+            torch.testing.assert_close(y, user(x[:, None])[:, 0], atol=1e-5, rtol=0)
+
+
+def test_factory_with_the_users_own_forward(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _out, err = run(
+        capsys, "--factory", "examples.gru_encoder:make", "--name", "enc",
+        "--out-dir", str(tmp_path), "--activation", "l2_normalize",
+    )  # fmt: skip
+    assert code == 0, err
+    model = models.load("enc", tmp_path)
+    x = torch.randn(9, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(unpack(model(pack([x])))[0], make()(x[:, None])[:, 0])
+
+
+def test_batch_first_lstm_with_other_names_in_a_wrapped_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.manual_seed(4)
+    user = Tagger().eval()
+    torch.save({"epoch": 3, "state_dict": user.state_dict()}, tmp_path / "ckpt.pth")
+    code, _, err = run(
+        capsys, "--checkpoint", str(tmp_path / "ckpt.pth"), "--name", "tagger",
+        "--out-dir", str(tmp_path / "m"), "--activation", "sigmoid", "--cell", "lstm",
+        "--num-layers", "3",
+    )  # fmt: skip
+    assert code == 0, err
+    model = models.load("tagger", tmp_path / "m")
+    x = torch.randn(11, 5)
+    with torch.no_grad():
+        want = torch.sigmoid(user.fc(user.lstm(x[None])[0][0]))
+        torch.testing.assert_close(unpack(model(pack([x])))[0], want, atol=1e-6, rtol=0)
+
+
+def test_a_safetensors_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    user = GRUEncoder(3, 8, 2)
+    tensors = {k: v.contiguous() for k, v in user.state_dict().items()}
+    save_file(tensors, str(tmp_path / "enc.safetensors"))
+    code, _, err = run(
+        capsys, "--checkpoint", str(tmp_path / "enc.safetensors"), "--name", "e",
+        "--out-dir", str(tmp_path / "m"),
+    )  # fmt: skip
+    assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--hidden-size", "100"], "do not fit a GRU with input size 6, hidden size 100"),
+        (["--cell", "lstm"], "size mismatch for gru.weight_ih_l0"),
+        (["--num-layers", "3"], "weight_ih_l2"),
+    ],
+)
+def test_a_checkpoint_with_wrong_shapes_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    torch.save(GRUEncoder().state_dict(), tmp_path / "enc.pt")
+    code, out, err = run(
+        capsys, "--checkpoint", str(tmp_path / "enc.pt"), "--name", "e",
+        "--out-dir", str(tmp_path / "m"), *flags,
+    )  # fmt: skip
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert message in err, err
+    assert models.available(tmp_path / "m") == []
+
+
+def test_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch.save(GRUEncoder(), tmp_path / "whole.pt")  # a pickled module, not a state_dict
+    code, _, err = run(capsys, "--checkpoint", str(tmp_path / "whole.pt"), "--name", "e",
+                       "--out-dir", str(tmp_path))  # fmt: skip
+    assert code == 2
+    assert "weights_only=True" in err
+    assert err.count("\n") == 1
+    state = {**GRUEncoder().state_dict(), "extra.scale": torch.ones(4)}
+    torch.save(state, tmp_path / "extra.pt")
+    code, _, err = run(capsys, "--checkpoint", str(tmp_path / "extra.pt"), "--name", "e",
+                       "--out-dir", str(tmp_path))  # fmt: skip
+    assert code == 2
+    assert "extra.scale" in err
+    bi = nn.GRU(3, 4, bidirectional=True)
+    torch.save({**{f"gru.{k}": v for k, v in bi.state_dict().items()},
+                "fc.weight": torch.ones(2, 8)}, tmp_path / "bi.pt")  # fmt: skip
+    code, _, err = run(capsys, "--checkpoint", str(tmp_path / "bi.pt"), "--name", "e",
+                       "--out-dir", str(tmp_path))  # fmt: skip
+    assert code == 2
+    assert "bidirectional" in err
+
+
+def test_a_failed_check_exits_1_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.save(GRUEncoder(3, 8, 2).state_dict(), tmp_path / "enc.pt")
+    code, _, err = run(
+        capsys, "--checkpoint", str(tmp_path / "enc.pt"), "--name", "e",
+        "--out-dir", str(tmp_path / "m"), "--tolerance", "-1",
+    )  # fmt: skip
+    assert code == 1
+    assert err.startswith("models.export: check failed: sequence 0")
+    assert err.count("\n") == 1
+    assert list((tmp_path / "m").iterdir()) == []
+
+
+def test_the_command_line(tmp_path: Path) -> None:
+    torch.save(GRUEncoder(3, 8, 2).state_dict(), tmp_path / "enc.pt")
+    done = subprocess.run(
+        [sys.executable, "-m", "models.export", "--checkpoint", str(tmp_path / "enc.pt"),
+         "--name", "e", "--out-dir", str(tmp_path / "m"), "--hidden-size", "9"],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
