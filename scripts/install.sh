@@ -45,4 +45,11 @@ if [ -n "$extras" ] && ! command -v promtool >/dev/null && command -v apt-get >/
   $sudo apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
+# --test: headless Chromium for tests/e2e/test_docs_screenshot.py (the docs page in a real
+# browser). Skipped when chromium is already on PATH.
+if [ -n "$extras" ] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
 echo "installed rnnserve into $(pwd)/.venv"

@@ -19,8 +19,9 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import wire
-from service.config import Settings
+from service import openapi, wire
+from service.config import Settings, package_version
+from service.logs import log_models
 from service.metrics import Metrics
 from service.routes import json_response, router
 from service.runtime import ModelRuntime, Runtime
@@ -62,6 +63,9 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime: Runtime = app.state.runtime
         await runtime.start()
+        if engine_socket is None:  # with workers, the engine process logs its models
+            log_models(runtime.models, log)
+        openapi.refresh(app)  # the description of the models now served
         # the JSON scanner compiles here, not in the first request
         await asyncio.get_running_loop().run_in_executor(None, wire.warm_up)
         app.state.ready = True
@@ -73,9 +77,11 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
 
     app = FastAPI(
         title="rnnserve",
-        version="0.1.0",
+        version=package_version(),
         summary="Batched serving of recurrent sequence models",
         lifespan=lifespan,
+        docs_url=None,  # openapi.install serves /docs and /redoc from bundled assets
+        redoc_url=None,
     )
     app.state.settings = settings
     if engine_socket is None:
@@ -86,6 +92,7 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
         app.state.runtime = RemoteRuntime(engine_socket)
     app.state.ready = False
     app.include_router(router)
+    openapi.install(app)
 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> Response:

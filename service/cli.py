@@ -12,6 +12,8 @@ exit status 1, for the orchestrator to restart it.
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import logging
 import math
 import multiprocessing
@@ -26,10 +28,13 @@ from multiprocessing.connection import wait
 
 import uvicorn
 from pydantic import SecretStr, ValidationError
+from pydantic_settings import CliSettingsSource
 
+import models
 from service import engine
 from service.app import ENGINE_SOCKET_ENV, create_app
-from service.config import Settings
+from service.config import Settings, package_version, unknown_environment
+from service.logs import configure_logging, settings_line
 from service.runtime import StartupError, preflight
 
 log = logging.getLogger("rnnserve")
@@ -38,15 +43,16 @@ log = logging.getLogger("rnnserve")
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        settings = Settings(_cli_parse_args=args)
+        settings = parse_settings(args)
     except ValidationError as exc:
         sys.exit(f"rnnserve: {_setting_error(exc)}")
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings)
+    for warning in unknown_environment(os.environ):
+        log.warning("%s", warning)
+    log.info("rnnserve %s; %s", package_version(), settings_line(settings))
     try:
-        preflight(settings)  # fail closed, with one line, before the port opens
+        names = preflight(settings)  # fail closed, with one line, before the port opens
+        check_defaults(settings, names)
     except StartupError as exc:
         log.debug("start-up check failed", exc_info=True)
         sys.exit(f"rnnserve: {exc}")
@@ -60,6 +66,44 @@ def main(argv: Sequence[str] | None = None) -> None:
         access_log=settings.access_log,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
     )
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Unset options' help says what unset means; pydantic-settings' "(default: null)" goes."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return super()._expand_help(action).replace(" (default: null)", "")
+
+
+def parse_settings(args: Sequence[str]) -> Settings:
+    """Settings from ``RNNSERVE_*`` and the flags in ``args`` (``--help``, ``--version`` exit)."""
+    parser = argparse.ArgumentParser(
+        prog="rnnserve",
+        description=inspect.cleandoc(Settings.__doc__ or ""),
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"rnnserve {package_version()}")
+    source: CliSettingsSource[Settings] = CliSettingsSource(Settings, root_parser=parser)
+    return Settings(_cli_settings_source=source(args=list(args)))
+
+
+def check_defaults(settings: Settings, names: Sequence[str]) -> None:
+    """A configured default model must be served and of its endpoint's kind."""
+    for kind, name in (
+        ("smoother", settings.default_smoother),
+        ("traveller", settings.default_traveller),
+    ):
+        if name is None:
+            continue
+        flag = f"--default-{kind}"
+        if name not in names:
+            raise StartupError(f"{flag} {name}: no such model (served: {', '.join(names)})")
+        try:
+            found = models.kind_of(models.read(name, settings.model_dir))
+        except (models.ModelLoadError, models.ModelNotFound) as exc:
+            raise StartupError(str(exc)) from exc
+        if found != kind:
+            raise StartupError(f"{flag} {name}: '{name}' is a {found} model, not a {kind}")
 
 
 def serve_with_workers(settings: Settings) -> int:

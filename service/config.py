@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
+import difflib
+import importlib.metadata
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+ENV_PREFIX = "RNNSERVE_"
+
+
+def package_version() -> str:
+    """The installed rnnserve's version (``rnnserve --version``, the OpenAPI description)."""
+    try:
+        return importlib.metadata.version("rnnserve")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
+        return "0+unknown"
+
 
 class Settings(BaseSettings):
-    """rnnserve configuration. Every field is ``RNNSERVE_<NAME>`` or ``--<name>`` on the CLI."""
+    """Serve recurrent sequence models over HTTP. Every option is also an environment variable
+    RNNSERVE_<OPTION> (upper case, underscores); flags win over the environment."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RNNSERVE_",
+        env_prefix=ENV_PREFIX,
         cli_prog_name="rnnserve",
         cli_kebab_case=True,
         cli_implicit_flags=True,
+        # --help: "--model-dir Path", not "{Path,null}"; unset options say what unset means
+        cli_hide_none_type=True,
         extra="forbid",
         frozen=True,
     )
@@ -29,8 +45,23 @@ class Settings(BaseSettings):
         "info", description="Log level of rnnserve and uvicorn."
     )
     access_log: bool = Field(False, description="Log one line per HTTP request.")
+    log_third_party: bool = Field(
+        False,
+        description="Keep third-party libraries' debug logs (numba, torch...) at --log-level "
+        "debug; by default they are held at warning.",
+    )
     model_dir: Path | None = Field(
-        None, description="Folder of <name>.safetensors models to serve (default: bundled)."
+        None, description="Folder of <name>.safetensors models to serve; unset: the bundled ones."
+    )
+    default_smoother: str | None = Field(
+        None,
+        description="Model POST /smooth uses when a request names none; unset: the only "
+        "smoother served, else the one named smoother.",
+    )
+    default_traveller: str | None = Field(
+        None,
+        description="Model POST /rollout uses when a request names none; unset: the only "
+        "traveller served, else the one named traveller.",
     )
     device: str = Field("auto", description="torch device: auto (CUDA if present), cpu, cuda:0...")
     torch_threads: int = Field(
@@ -93,8 +124,8 @@ class Settings(BaseSettings):
     )
     api_token: SecretStr | None = Field(
         None,
-        description="Bearer token required by /smooth, /rollout, /models and /metrics "
-        "(default: none required).",
+        description="Bearer token required by /smooth, /rollout, /models and /metrics; "
+        "unset: none required.",
     )
     api_token_file: Path | None = Field(
         None, description="File holding the bearer token (instead of RNNSERVE_API_TOKEN)."
@@ -144,3 +175,29 @@ class Settings(BaseSettings):
         if value in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
             return value
         raise ValueError(f"unknown device {value!r}; use auto, cpu, cuda or cuda:N")
+
+    def public(self) -> dict[str, Any]:
+        """The effective settings as JSON values, secrets hidden (``GET /models``, the log)."""
+        out: dict[str, Any] = {}
+        for name, value in self.model_dump().items():
+            if isinstance(value, SecretStr):
+                out[name] = "**********"  # set; never its value
+            elif isinstance(value, Path):
+                out[name] = str(value)
+            else:
+                out[name] = value
+        return out
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """One warning per ``RNNSERVE_*`` variable that is no setting, naming the closest one."""
+    known = [ENV_PREFIX + name.upper() for name in Settings.model_fields]
+    warnings = []
+    for key in sorted(environ):
+        if not key.upper().startswith(ENV_PREFIX) or key.upper() in known:
+            continue
+        names = [k.removeprefix(ENV_PREFIX) for k in known]
+        close = difflib.get_close_matches(key.upper().removeprefix(ENV_PREFIX), names, n=1)
+        hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""
+        warnings.append(f"{key} is not an rnnserve setting and is ignored{hint}")
+    return warnings

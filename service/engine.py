@@ -22,6 +22,7 @@ import sys
 from multiprocessing.connection import Connection
 
 from service.config import Settings
+from service.logs import configure_logging, log_models
 from service.metrics import Metrics
 from service.runtime import ModelRuntime
 from service.transport import EngineServer
@@ -33,10 +34,7 @@ PARENT_POLL_S = 1.0
 
 def run(settings: Settings, socket_path: str, ready: Connection) -> None:
     """Process entry point: load and warm the models, serve them, send our pid on ``ready``."""
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import uvloop  # with uvicorn[standard]; the workers run on it too
@@ -58,6 +56,7 @@ async def serve(settings: Settings, socket_path: str, ready: Connection | None =
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     runtime = ModelRuntime(settings, Metrics(multiprocess=True))
     await runtime.start()
+    log_models(runtime.models, log)
     server = EngineServer(runtime, socket_path)
     await server.start()
     log.info("engine (pid %d) serving on %s", os.getpid(), socket_path)

@@ -20,7 +20,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
-from service import wire
+from service import defaults, wire
 from service.batching import (
     REQUEST_ID,
     BatcherClosed,
@@ -28,6 +28,7 @@ from service.batching import (
     is_out_of_memory,
     was_logged,
 )
+from service.config import Settings
 from service.metrics import CONTENT_TYPE, Metrics
 from service.runtime import Runtime, StreamingUnavailable, UnknownModel
 from service.stepping import Piece
@@ -254,7 +255,16 @@ async def readyz(request: Request) -> Response:
 )
 async def list_models(request: Request) -> dict[str, Any]:
     runtime: Runtime = request.app.state.runtime
-    return {"models": [{"name": m.name, **m.info} for m in runtime.models.values()]}
+    settings: Settings = request.app.state.settings
+    return {
+        "models": [{"name": m.name, **m.info} for m in runtime.models.values()],
+        # which model a request without "model" gets, per endpoint (null: it must name one)
+        "defaults": {
+            path: defaults.default_model(runtime.models, kind, settings)
+            for kind, path in defaults.ENDPOINT.items()
+        },
+        "settings": settings.public(),  # the effective settings; secrets never shown
+    }
 
 
 @router.get(
@@ -433,7 +443,9 @@ async def _infer(
                     ("model",),
                 )  # fmt: skip
             name, where = path_model, ("path", "name")
-        name = name or kind or ""
+        if not name and kind is not None:  # the only one of its kind, or the configured one
+            name = defaults.resolve(runtime.models, kind, settings)
+        name = name or ""
         try:
             served = runtime.get(name)
         except UnknownModel as exc:

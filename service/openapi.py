@@ -1,0 +1,464 @@
+"""The OpenAPI description of the models actually served, and the docs pages, offline.
+
+:func:`install` replaces FastAPI's ``/docs`` and ``/redoc`` (which load Swagger UI and ReDoc from
+a CDN) with pages whose scripts and styles come from the ``fastapi-offline`` package, served
+under ``/docs/assets``, so the docs work on a host without internet access. ``/openapi.json`` is
+built once the models are loaded (:func:`refresh`, from the app's lifespan): the request
+schemas carry the served models' feature counts, names and the configured limits, with
+examples that succeed as given.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.resources
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+from service import defaults, wire
+from service.config import Settings, package_version
+from service.metrics import CONTENT_TYPE
+from service.runtime import ServedInfo
+
+ASSETS = "/docs/assets"
+OAUTH2_REDIRECT = "/docs/oauth2-redirect"
+NDJSON = "application/x-ndjson"
+
+TAGS = [
+    {"name": "inference", "description": "Run the served models over batches of sequences."},
+    {"name": "models", "description": "What is served, the default models and the settings."},
+    {"name": "health", "description": "Liveness and readiness probes (never need a token)."},
+    {"name": "metrics", "description": "Prometheus text exposition of rnnserve_* metrics."},
+]
+_PATH_TAGS = {
+    "/smooth": "inference",
+    "/rollout": "inference",
+    "/models": "models",
+    "/healthz": "health",
+    "/readyz": "health",
+    "/metrics": "metrics",
+}
+
+# The status each error ``type`` comes with (README's errors table; tests check both agree
+# with service.routes.ErrorType).
+ERROR_STATUS: dict[str, int] = {
+    "invalid_json": 400, "invalid_safetensors": 400, "invalid_header": 400,
+    "unauthorized": 401,
+    "unknown_model": 404, "http_error": 404,
+    "body_timeout": 408,
+    "body_too_large": 413, "too_many_sequences": 413, "sequence_too_long": 413,
+    "too_many_timesteps": 413,
+    "invalid_request": 422, "empty": 422, "missing": 422, "unknown_field": 422,
+    "wrong_shape": 422, "wrong_dtype": 422, "model_type": 422, "string_type": 422,
+    "wrong_lengths": 422, "wrong_feature_count": 422, "not_a_number": 422, "non_finite": 422,
+    "wrong_model_kind": 422, "cannot_stream": 422,
+    "internal": 500,
+    "not_ready": 503, "queue_full": 503, "overloaded": 503, "shutting_down": 503,
+    "engine_unavailable": 503, "out_of_memory": 503,
+    "deadline_exceeded": 504,
+}  # fmt: skip
+
+
+def assets_dir() -> str:
+    """The Swagger UI and ReDoc files bundled in the ``fastapi-offline`` package."""
+    return str(importlib.resources.files("fastapi_offline") / "static")
+
+
+def install(app: FastAPI) -> None:
+    """Offline ``/docs`` and ``/redoc``, and ``/openapi.json`` built from the served models.
+
+    Create the app with ``docs_url=None, redoc_url=None``; these pages replace FastAPI's.
+    """
+    app.mount(ASSETS, StaticFiles(directory=assets_dir()), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title="rnnserve - Swagger UI",
+            swagger_js_url=f"{root}{ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{ASSETS}/favicon.png",
+            oauth2_redirect_url=f"{root}{OAUTH2_REDIRECT}",
+            swagger_ui_parameters={"defaultModelsExpandDepth": 0, "tryItOutEnabled": True},
+        )
+
+    @app.get(OAUTH2_REDIRECT, include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
+
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title="rnnserve - ReDoc",
+            redoc_js_url=f"{root}{ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        served: Mapping[str, ServedInfo] = app.state.runtime.models
+        schema = build(app, served, app.state.settings)
+        if served:  # loaded: this is the final description
+            app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def refresh(app: FastAPI) -> None:
+    """Rebuild ``/openapi.json`` now that the models are loaded (called from the lifespan)."""
+    app.openapi_schema = None
+    app.openapi()
+
+
+def build(app: FastAPI, served: Mapping[str, ServedInfo], settings: Settings) -> dict[str, Any]:
+    """The OpenAPI document of ``app`` serving ``served`` under ``settings``."""
+    schema = get_openapi(
+        title="rnnserve",
+        version=package_version(),
+        summary="Batched serving of recurrent sequence models",
+        description=_description(served, settings),
+        routes=app.routes,
+        tags=TAGS,
+    )
+    for path, ops in schema.get("paths", {}).items():
+        for op in ops.values():
+            tag = _PATH_TAGS.get(path, "inference" if path.startswith("/models/") else None)
+            if tag is not None and not op.get("tags"):
+                op["tags"] = [tag]
+            _error_descriptions(op)
+    paths = schema.get("paths", {})
+    if "/smooth" in paths:
+        _inference(paths["/smooth"]["post"], "smoother", "sequences", "sequences", served, settings)
+    if "/rollout" in paths:
+        _inference(paths["/rollout"]["post"], "traveller", "inputs", "positions", served, settings)
+        _ndjson(paths["/rollout"]["post"])
+    for path, ops in paths.items():
+        if path.startswith("/models/") and "post" in ops:
+            _binary_answer(ops["post"], "outputs")
+    if "/metrics" in paths:
+        _metrics(paths["/metrics"]["get"])
+    if "/readyz" in paths:
+        paths["/readyz"]["get"]["responses"]["503"] = {
+            "description": "starting (models loading or warming up) or draining",
+            "content": {"application/json": {"example": {"status": "not ready"}}},
+        }
+    if "/models" in paths:
+        _models(paths["/models"]["get"], served, settings)
+    result: dict[str, Any] = _plain(schema)
+    return result
+
+
+# -- pieces ------------------------------------------------------------------------------------
+
+
+def _description(served: Mapping[str, ServedInfo], settings: Settings) -> str:
+    lines = [
+        "Clients POST variable-length numeric sequences; concurrent requests are packed into "
+        "one batch, run once, and every caller gets its own rows back.",
+        "",
+        "Bodies are JSON, or safetensors (`Content-Type: application/x-safetensors`: a float32 "
+        "tensor of the sequences one after another and an int64 tensor `lengths`); ask for a "
+        "binary answer with `Accept: application/x-safetensors`, for a streamed rollout with "
+        "`Accept: application/x-ndjson`. Errors are always JSON: `detail`, `type`, `loc`.",
+        "",
+        "Served models:",
+        "",
+    ]
+    for name in sorted(served):
+        m = served[name]
+        lines.append(f"- `{name}`: {m.kind}, {m.input_dim} input features")
+    if not served:
+        lines.append("- (none loaded yet)")
+    lines += [
+        "",
+        f"Limits: at most {settings.max_sequences_per_request} sequences per request, "
+        f"{settings.max_sequence_length} steps per sequence, "
+        f"{settings.max_request_timesteps} steps per request and "
+        f"{settings.max_request_bytes} bytes per body (413 above).",
+    ]
+    if settings.bearer_token() is not None:
+        lines += ["", "This server needs `Authorization: Bearer <token>` on /smooth, /rollout, "
+                  "/models and /metrics."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _error_descriptions(op: dict[str, Any]) -> None:
+    """Each error response says which ``type`` values come with its status."""
+    for status, response in op.get("responses", {}).items():
+        if not status.isdigit() or int(status) < 400:
+            continue
+        types = sorted(t for t, s in ERROR_STATUS.items() if s == int(status))
+        if types and "type:" not in response.get("description", ""):
+            response["description"] += " (type: " + ", ".join(types) + ")"
+
+
+def _example_rows(length: int, width: int, seed: int) -> list[list[float]]:
+    return [
+        [round(math.sin(0.7 * seed + 0.3 * t + 0.5 * f), 2) for f in range(width)]
+        for t in range(length)
+    ]
+
+
+def _example_outputs(field: str, lengths: tuple[int, ...]) -> list[list[list[float]]]:
+    width = 2
+    return [
+        [[round(math.tanh(0.1 * (i + t + f + 1)), 4) for f in range(width)] for t in range(n)]
+        for i, n in enumerate(lengths)
+    ]
+
+
+def _inference(
+    op: dict[str, Any],
+    kind: str,
+    field: str,
+    out_field: str,
+    served: Mapping[str, ServedInfo],
+    settings: Settings,
+) -> None:
+    """Feature counts, model names, limits and examples for ``POST /smooth`` or ``/rollout``."""
+    of_kind = {name: m.input_dim for name, m in sorted(served.items()) if m.kind == kind}
+    default = defaults.default_model(served, kind, settings)
+    if default not in of_kind:
+        default = None
+    content = op["requestBody"]["content"]
+    body = content["application/json"]["schema"]
+    seqs = body["properties"][field]
+    steps = seqs["items"]
+    step = steps["items"]
+    seqs["maxItems"] = settings.max_sequences_per_request
+    steps["maxItems"] = settings.max_sequence_length
+    widths = set(of_kind.values())
+    width = of_kind[default] if default is not None else None
+    if len(widths) == 1:
+        width = next(iter(widths))
+    if width is not None:
+        step["minItems"] = step["maxItems"] = width
+    what = "features" if kind == "smoother" else "exogenous inputs"
+    per_model = ", ".join(f"{name}: {dim}" for name, dim in of_kind.items())
+    if len(widths) > 1:
+        shown = f" (the schema shows the default model {default}'s)" if default else ""
+        width_text = f"the model's number of {what} ({per_model}){shown}"
+    elif width is not None:
+        width_text = f"{width} {what}"
+    else:
+        width_text = f"the model's number of {what}"
+    seqs["description"] = (
+        f"N sequences (1 to {settings.max_sequences_per_request}), each a list of T_i steps "
+        f"(1 to {settings.max_sequence_length}; at most {settings.max_request_timesteps} steps "
+        f"in the whole request), each step a list of {width_text}."
+    )
+    if default is not None:
+        choose = f"Optional: without it, {default} is used."
+    elif of_kind:
+        choose = (
+            f"Required: several {kind} models are served and none is the default "
+            f"(--default-{kind})."
+        )
+    else:
+        choose = f"No {kind} model is served: every request gets 404 unknown_model."
+    body["properties"]["model"] = {
+        "type": "string",
+        "enum": list(of_kind),
+        "title": "Model",
+        "description": f"Served {kind} model to run. {choose}",
+    }
+    body["description"] = (
+        f"N sequences of T_i steps of {width_text} each, and optionally the model's name."
+    )
+    body["title"] = body.get("title", "Request")
+    examples: dict[str, Any] = {}
+    lengths = (3, 2)
+    if default is not None:
+        examples["default model"] = {
+            "summary": f"two sequences (3 and 2 steps) for the default model {default}",
+            "value": {
+                field: [_example_rows(n, of_kind[default], i) for i, n in enumerate(lengths)]
+            },
+        }
+    for name, dim in of_kind.items():
+        examples[f"model {name}"] = {
+            "summary": f"one sequence of 4 steps for {name}",
+            "value": {field: [_example_rows(4, dim, 0)], "model": name},
+        }
+    if examples:
+        content["application/json"]["examples"] = examples
+    content[wire.SAFETENSORS]["schema"]["description"] = (
+        f"a safetensors file: float32 tensor '{field}' [sum T_i, {width or 'F'}] (the sequences "
+        "one after another), int64 tensor 'lengths' [N], optional metadata 'model'"
+    )
+    op["description"] = (
+        f"Runs a {kind} model over N sequences at once; concurrent requests share batches. "
+        f"Send JSON or safetensors; the answer is JSON unless Accept asks for "
+        f"application/x-safetensors"
+        + (" or application/x-ndjson (streamed positions)." if kind == "traveller" else ".")
+    )
+    ok = op["responses"]["200"]
+    ok["content"]["application/json"]["example"] = {
+        "model": default or (next(iter(of_kind)) if of_kind else kind),
+        out_field: (
+            _example_outputs(out_field, lengths)
+            if kind == "traveller"
+            else [_example_rows(n, width or 2, i + 5) for i, n in enumerate(lengths)]
+        ),
+    }
+    ok["description"] = (
+        f"one output sequence per input sequence, in order ({out_field}; values illustrative)"
+    )
+    _binary_answer(op, out_field)
+    params = op.setdefault("parameters", [])
+    params += [
+        {
+            "name": "X-Request-Timeout",
+            "in": "header",
+            "required": False,
+            "description": "Seconds this request may take; can only shorten the server's "
+            f"request_timeout_s ({settings.request_timeout_s:g} s). 504 after.",
+            "schema": {"type": "number", "exclusiveMinimum": 0},
+        },
+        {
+            "name": "X-Request-Id",
+            "in": "header",
+            "required": False,
+            "description": "Your id for this request (printable ASCII, up to 128 characters); "
+            "echoed back and written in the server's log. Generated when absent.",
+            "schema": {"type": "string", "maxLength": 128},
+        },
+    ]
+
+
+def _binary_answer(op: dict[str, Any], out_field: str) -> None:
+    ok = op["responses"]["200"]
+    ok.setdefault("content", {})[wire.SAFETENSORS] = {
+        "schema": {
+            "type": "string",
+            "format": "binary",
+            "description": f"with Accept: application/x-safetensors: tensors '{out_field}' "
+            "[sum T_i, outputs] (float32) and 'lengths' [N] (int64)",
+        }
+    }
+    ok["headers"] = {
+        "X-Request-Id": {"description": "the request's id", "schema": {"type": "string"}}
+    }
+
+
+def _ndjson(op: dict[str, Any]) -> None:
+    line = {
+        "oneOf": [
+            {
+                "type": "object",
+                "title": "Chunk",
+                "properties": {
+                    "sequence": {"type": "integer", "description": "index of the sequence"},
+                    "start": {"type": "integer", "description": "step of the first position"},
+                    "positions": {
+                        "type": "array",
+                        "items": {
+                            "type": "array",
+                            "items": {"type": "number"},
+                            "minItems": 2,
+                            "maxItems": 2,
+                        },
+                    },
+                },
+                "required": ["sequence", "start", "positions"],
+            },
+            {
+                "type": "object",
+                "title": "Done",
+                "properties": {"model": {"type": "string"}, "done": {"const": True}},
+                "required": ["model", "done"],
+            },
+            {
+                "type": "object",
+                "title": "Error",
+                "properties": {"error": {"type": "object"}},
+                "required": ["error"],
+            },
+        ],
+        "description": "with Accept: application/x-ndjson, one JSON object per line: a chunk "
+        "of positions per sequence per chunk of steps, then a done line (or an error line if "
+        "the rollout failed or its deadline passed)",
+    }
+    example = (
+        '{"sequence":0,"start":0,"positions":[[0.0904,0.0782],[0.0964,0.0887]]}\n'
+        '{"model":"traveller","done":true}\n'
+    )
+    op["responses"]["200"]["content"][NDJSON] = {"schema": line, "example": example}
+
+
+def _metrics(op: dict[str, Any]) -> None:
+    op["description"] = (
+        f"Prometheus text exposition (Content-Type: {CONTENT_TYPE.strip()}); every metric is "
+        "named rnnserve_*."
+    )
+    op["responses"]["200"] = {
+        "description": "the metrics in Prometheus text format",
+        "content": {
+            "text/plain": {
+                "schema": {"type": "string"},
+                "example": "# HELP rnnserve_requests_in_flight Requests being handled now.\n"
+                "# TYPE rnnserve_requests_in_flight gauge\n"
+                'rnnserve_requests_in_flight{endpoint="smooth"} 0.0\n',
+            }
+        },
+    }
+
+
+def _models(op: dict[str, Any], served: Mapping[str, ServedInfo], settings: Settings) -> None:
+    op["description"] = (
+        "The served models (name, kind, config, shapes, parameter count, device), which model "
+        "each endpoint uses when a request names none, and the effective settings (secrets "
+        "shown as asterisks, never their value)."
+    )
+    example = {
+        "models": [{"name": name, **served[name].info} for name in sorted(served)],
+        "defaults": {
+            path: defaults.default_model(served, kind, settings)
+            for kind, path in defaults.ENDPOINT.items()
+        },
+        "settings": settings.public(),
+    }
+    ok = op["responses"]["200"]
+    ok["description"] = "what is served"
+    ok.setdefault("content", {}).setdefault("application/json", {})["example"] = copy.deepcopy(
+        example
+    )
+
+
+# -- plain text --------------------------------------------------------------------------------
+
+_ROLE = re.compile(r":[a-z]+:`~?(?:[\w.]+\.)?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain(text: str) -> str:
+    """reStructuredText roles and literals as Markdown code: ``x`` -> `x`, :class:`~a.B` -> `B`."""
+    return _LITERAL.sub(r"`\1`", _ROLE.sub(r"`\1`", text))
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: plain(v) if k in ("description", "summary") and isinstance(v, str) else _plain(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return node
