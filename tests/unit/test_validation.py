@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -79,6 +80,11 @@ def test_each_refusal_says_what_and_where(
     assert str(err) == err.message
 
 
+def test_invalid_json_says_where_the_parser_stopped() -> None:
+    err = refused(b'{"inputs": [1,]}')
+    assert err.message == "body is not valid JSON: Invalid JSON: trailing comma at line 1 column 15"
+
+
 def test_refusals_do_not_echo_the_input() -> None:
     secret = "9" * 40
     for body in (b'{"inputs": [[[1, "%s"]]]}', b'{"inputs": [[[1], [%s, "x"]]]}'):
@@ -148,6 +154,13 @@ def test_values_outside_float32_are_refused(bad: float) -> None:
     err = info.value
     assert (err.status, err.type, err.loc) == (422, "non_finite", ("inputs", 1, 1, 1))
     assert err.message == "sequence 1, step 1, feature 1: value is outside float32's range"
+
+
+def test_float32_overflow_is_refused_without_a_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # client input must not make the server warn
+        with pytest.raises(RequestError, match="outside float32's range"):
+            to_arrays([[[1e39]]], "inputs", 1, LIMITS, "m")
 
 
 def test_largest_float32_passes() -> None:
