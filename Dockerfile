@@ -17,6 +17,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 COPY pyproject.toml README.md /src/
 COPY models/ /src/models/
 COPY service/ /src/service/
+COPY rnnserve/ /src/rnnserve/
 
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
 
