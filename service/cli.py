@@ -49,13 +49,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     configure_logging(settings)
     for warning in unknown_environment(os.environ):
         log.warning("%s", warning)
-    log.info("rnnserve %s; %s", package_version(), settings_line(settings))
     try:
         names = preflight(settings)  # fail closed, with one line, before the port opens
         check_defaults(settings, names)
     except StartupError as exc:
         log.debug("start-up check failed", exc_info=True)
         sys.exit(f"rnnserve: {exc}")
+    log.info("rnnserve %s; %s", package_version(), settings_line(settings))
     if settings.workers > 1:
         sys.exit(serve_with_workers(settings))
     uvicorn.run(
