@@ -160,7 +160,8 @@ def build() -> db.Dashboard:
             "Queue wait vs batch compute (p95 and mean)",
             "s",
             "Where the time goes: waiting for a batch to start (raise max_delay_ms for bigger "
-            "batches, lower it for latency) against running it (pack, model, unpack).",
+            "batches, lower it for latency) against running it (pack, model, unpack), and the "
+            "time a batch waited for its model's worker thread.",
             query(
                 quantile(0.95, "rnnserve_queue_wait_seconds", "model"), "wait p95 {{model}}", "A"
             ),
@@ -171,6 +172,11 @@ def build() -> db.Dashboard:
                 "C",
             ),
             query(mean("rnnserve_batch_compute_seconds", "model"), "compute mean {{model}}", "D"),
+            query(
+                mean("rnnserve_batch_thread_wait_seconds", "model"),
+                "worker-thread wait mean {{model}}",
+                "E",
+            ),
         )
     )
     d = d.with_panel(
@@ -274,6 +280,51 @@ def build() -> db.Dashboard:
                 "B",
             ),
         )
+    )
+
+    d = d.with_panel(
+        panel(
+            next(ids),
+            "Cancelled, expired and split",
+            "reqps",
+            "Requests whose client went away (499; their work was dropped), requests past their "
+            "deadline (504), and failed batches split in two to find the request that fails "
+            "alone (by reason: error, out_of_memory).",
+            query(
+                or_zero(
+                    f"sum by (endpoint) (rate(rnnserve_requests_cancelled_total{{{SEL}}}[{RATE}]))",
+                    requests_by,
+                ),
+                "cancelled {{endpoint}}",
+                "A",
+            ),
+            query(
+                or_zero(
+                    f"sum by (endpoint) (rate(rnnserve_requests_expired_total{{{SEL}}}[{RATE}]))",
+                    requests_by,
+                ),
+                "expired {{endpoint}}",
+                "B",
+            ),
+            query(
+                or_zero(
+                    f"sum by (model, reason) (rate(rnnserve_batch_splits_total{{{SEL}}}[{RATE}]))",
+                    f"sum by (model) (rate(rnnserve_batch_compute_seconds_count{{{SEL}}}[{RATE}]))",
+                ),
+                "splits {{model}} {{reason}}",
+                "C",
+            ),
+        )
+    )
+    d = d.with_panel(
+        panel(
+            next(ids),
+            "Request bytes held",
+            "bytes",
+            "Request body bytes being read, parsed or queued now; above max_inflight_bytes new "
+            "requests get 503 overloaded.",
+            query(f"sum(rnnserve_request_bytes_in_flight{{{SEL}}})", "bytes held", "A"),
+        ).min(0)
     )
 
     d = d.with_row(db.Row("GPU (NVIDIA DCGM exporter)").id(next(ids)))
