@@ -13,6 +13,10 @@ from service.batching import (
     DynamicBatcher,
     HandlerResultMismatch,
     QueueFull,
+    TimedResults,
+    mark_logged,
+    request_ids,
+    was_logged,
 )
 
 
@@ -37,6 +41,7 @@ class Observer:
         self.batches: list[dict[str, object]] = []
         self.depths: list[int] = []
         self.names: set[str] = set()
+        self.splits: list[str] = []
 
     def on_queue_depth(self, name: str, depth: int) -> None:
         self.names.add(name)
@@ -45,6 +50,10 @@ class Observer:
     def on_batch(self, name: str, **kw: object) -> None:
         self.names.add(name)
         self.batches.append(kw)
+
+    def on_split(self, name: str, reason: str) -> None:
+        self.names.add(name)
+        self.splits.append(reason)
 
 
 async def test_full_batch_runs_without_waiting_for_the_delay() -> None:
@@ -432,3 +441,60 @@ async def test_observer_times_waits_and_compute_within_the_call() -> None:
     assert batch["ok"] is True
     assert observer.names == {"m"}
     await b.close()
+
+
+def test_request_ids_and_logged_marks() -> None:
+    assert request_ids(["a1", None, "b2"]) == "a1,-,b2"
+    exc = RuntimeError("x")
+    assert was_logged(exc) is False
+    mark_logged(exc)
+    assert was_logged(exc) is True
+
+
+async def test_a_failure_is_logged_once_and_marked_so() -> None:
+    async def handler(items: list[int]) -> list[int]:
+        raise RuntimeError("boom")
+
+    observer = Observer()
+    b: DynamicBatcher[int, int] = DynamicBatcher(
+        handler, max_batch_size=2, max_delay_s=0.01, observer=observer, name="m",
+        max_split_depth=1,
+    )  # fmt: skip
+    b.start()
+    out = await asyncio.wait_for(
+        asyncio.gather(b.submit(1), b.submit(2), return_exceptions=True), 5
+    )
+    assert all(isinstance(e, RuntimeError) and was_logged(e) for e in out)
+    assert observer.splits == ["error"]
+    assert observer.names == {"m"}
+    await b.close()
+
+
+async def test_wait_seconds_is_the_time_around_the_models_own() -> None:
+    observer = Observer()
+
+    async def timed(items: list[int]) -> list[int]:
+        await asyncio.sleep(0.05)
+        return TimedResults(items, compute_seconds=0.04)
+
+    async def plain(items: list[int]) -> list[int]:
+        return items
+
+    elapsed = 0.0
+    for handler in (plain, timed):
+        b: DynamicBatcher[int, int] = DynamicBatcher(
+            handler, max_batch_size=1, max_delay_s=0, observer=observer
+        )
+        b.start()
+        started = time.monotonic()
+        assert await asyncio.wait_for(b.submit(7), 5) == 7
+        elapsed = time.monotonic() - started
+        await b.close()
+    plain_batch, timed_batch = observer.batches
+    assert plain_batch["wait_seconds"] == 0.0
+    assert timed_batch["compute_seconds"] == 0.04
+    wait = timed_batch["wait_seconds"]
+    assert isinstance(wait, float)
+    # the handler's time less the model's own: at least the rest of its sleep, and no more
+    # than the whole call less the model's own
+    assert 0.01 - 1e-3 <= wait <= elapsed - 0.04

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Mutation testing of rnnserve's core with mutmut. Not part of CI: it takes minutes per module.
+#
+#   scripts/mutation.sh                       # the core: batching, validation, routes, packing, loader
+#   scripts/mutation.sh service/batching.py   # one or more modules (paths under models/ or service/)
+#   scripts/mutation.sh all                   # the core, then smoothing, traveller and the kernels
+#
+# Each module runs in its own copy of the working tree, .mutation/<module>/ (git-ignored), against
+# the subset of tests listed below, under `nice -n 19` with MUTATION_JOBS workers (default 1, for
+# a shared 2-core machine). The report, .mutation/<module>.txt, lists every mutant that was not
+# killed, with its diff; docs/TESTING.md says which survivors are equivalent and why.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY="$ROOT/.venv/bin/python"
+JOBS="${MUTATION_JOBS:-1}"
+CORE=(service/batching.py service/validation.py service/routes.py models/packing.py
+      models/__init__.py)
+LATER=(models/smoothing.py models/traveller.py models/kernels/*.py)
+
+# The tests that judge each module: the ones that exercise it directly, kept small enough that a
+# module finishes in minutes. mutmut runs, for each mutant, only those of them that reach the
+# mutated function.
+tests_for() {
+  case "$1" in
+    service/batching.py) echo tests/unit/test_batcher.py tests/unit/test_reliability.py ;;
+    service/validation.py) echo tests/unit/test_validation.py ;;
+    service/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py ;;
+    models/packing.py) echo tests/unit/test_packing.py tests/unit/test_smoothing.py \
+                            tests/unit/test_traveller.py ;;
+    models/__init__.py) echo tests/unit/test_loader.py ;;
+    models/smoothing.py) echo tests/unit/test_smoothing.py tests/unit/test_smoother_triton.py ;;
+    models/traveller.py) echo tests/unit/test_traveller.py tests/unit/test_rollout_backends.py ;;
+    models/kernels/*) echo tests/unit/test_smoothing.py tests/unit/test_traveller.py \
+                           tests/unit/test_rollout_backends.py tests/unit/test_smoother_triton.py ;;
+    *) echo "no test subset for $1: add it to tests_for in $0" >&2; return 1 ;;
+  esac
+}
+
+# Seconds added to each mutant's measured test time before it counts as hung (x3 wall, x6 CPU):
+# tests that build the app or load models spend seconds in fixtures (JIT compiles, warm-up)
+# that mutmut does not measure.
+setup_seconds_for() {
+  case "$1" in
+    service/batching.py | service/validation.py) echo 2 ;;
+    *) echo 20 ;;
+  esac
+}
+
+# Modules judged by tests that load models get the models compiled once, before mutmut forks.
+warmup_for() {
+  case "$(setup_seconds_for "$1")" in
+    2) echo "" ;;
+    *) echo ', "-p", "tests.mutation_warmup"' ;;
+  esac
+}
+
+toml_list() {  # toml_list a b c -> "a", "b", "c"
+  local out="" x
+  for x in "$@"; do out+="${out:+, }\"$x\""; done
+  echo "$out"
+}
+
+run_module() {
+  local module=$1 name work tests=() t
+  name=$(echo "$module" | tr '/.' '__')
+  work="$ROOT/.mutation/$name"
+  for t in $(tests_for "$module"); do [ -f "$t" ] && tests+=("$t"); done
+  [ ${#tests[@]} -gt 0 ] || { echo "$module: none of its tests exist" >&2; return 1; }
+
+  # a fresh copy of the working tree (tracked and untracked files, not ignored ones)
+  rm -rf "$work"
+  mkdir -p "$work"
+  git ls-files -z --cached --others --exclude-standard \
+    | (cd "$ROOT" && xargs -0 sh -c 'for f; do [ -f "$f" ] && printf "%s\0" "$f"; done' _) \
+    | tar --null -T - -cf - | tar -xf - -C "$work"
+  (cd "$work" && "$PY" "$ROOT/scripts/mutation_tools.py" prepare "$module")
+  cat >>"$work/pyproject.toml" <<EOF
+
+[tool.mutmut]
+source_paths = ["models/", "service/"]
+only_mutate = ["$module"]
+also_copy = ["scripts/", "README.md", ".ci/", "docs/"]
+pytest_add_cli_args_test_selection = [$(toml_list "${tests[@]}")]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"$(warmup_for "$module")]
+# pragma-free exclusions: log calls and docstrings are not behaviour
+do_not_mutate_patterns = ['log\\.\\w+\\(']
+process_isolation = "forkserver"
+timeout_multiplier = 3.0
+timeout_constant = $(setup_seconds_for "$module")
+EOF
+
+  echo "== $module: mutmut against ${tests[*]}"
+  local started=$SECONDS
+  (cd "$work" && nice -n 19 "$ROOT/.venv/bin/mutmut" run --max-children "$JOBS" >run.log 2>&1) || {
+    echo "mutmut failed for $module; see $work/run.log" >&2
+    tail -20 "$work/run.log" >&2
+    return 1
+  }
+  (cd "$work" && MUTATION_DOCS="$ROOT/docs/TESTING.md" "$PY" "$ROOT/scripts/mutation_tools.py" report "$module" $((SECONDS - started)) \
+     "${tests[@]}") | tee "$ROOT/.mutation/$name.txt" | sed -n '1,/^$/p'
+  echo "   report: .mutation/$name.txt"
+}
+
+modules=("$@")
+if [ ${#modules[@]} -eq 0 ]; then
+  modules=("${CORE[@]}")
+elif [ "${modules[0]}" = all ]; then
+  modules=("${CORE[@]}" "${LATER[@]}")
+fi
+mkdir -p .mutation
+status=0
+for m in "${modules[@]}"; do
+  run_module "$m" || status=1
+done
+exit $status

@@ -1,0 +1,96 @@
+"""Helpers of scripts/mutation.sh, run inside a module's work copy.
+
+    python mutation_tools.py prepare MODULE           # before mutmut: see prepare()
+    python mutation_tools.py report MODULE SECONDS TEST...
+
+``report`` prints the score, then every mutant that was not killed with its diff. Mutants that
+docs/TESTING.md names are counted as equivalent (left out of the score) and marked so; the
+others are the ones still to kill or to explain there.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+MUTMUT = str(Path(sys.executable).with_name("mutmut"))
+CAUGHT = {"killed", "timeout", "caught by type check", "segfault"}
+NAME = re.compile(r"[\w.ǁ]+__mutmut_\d+")
+
+
+def compiled_functions(tree: ast.Module) -> set[str]:
+    """Names of plain functions handed to a compiler: ``numba.njit(...)(f)``, ``njit(f)``,
+    ``torch.jit.script(f)``. mutmut swaps each function for a Python trampoline, which numba
+    and TorchScript cannot compile, so such functions cannot be mutated this way."""
+    names = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or len(node.args) != 1:
+            continue
+        if not isinstance(node.args[0], ast.Name):
+            continue
+        func = ast.unparse(node.func)
+        if re.search(r"\b(njit|jit|script)\b", func):
+            names.add(node.args[0].id)
+    return names
+
+
+def prepare(module: str) -> None:
+    """Mark the functions of ``module`` that numba or TorchScript compile ``no mutate``."""
+    path = Path(module)
+    lines = path.read_text().splitlines(keepends=True)
+    names = compiled_functions(ast.parse("".join(lines)))
+    for node in ast.walk(ast.parse("".join(lines))):
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            i = node.lineno - 1
+            lines[i] = lines[i].rstrip("\n") + "  # pragma: no mutate block\n"
+            print(f"{module}: {node.name} is compiled (numba/TorchScript): not mutated")
+    path.write_text("".join(lines))
+
+
+def statuses() -> dict[str, str]:
+    out = subprocess.run(
+        [MUTMUT, "results", "--all", "true"], capture_output=True, text=True, check=True
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if sep and NAME.fullmatch(name):
+            found[name] = status
+    return found
+
+
+def report(module: str, seconds: str, tests: list[str]) -> None:
+    docs = Path(os.environ.get("MUTATION_DOCS", "docs/TESTING.md"))
+    equivalent = set(NAME.findall(docs.read_text())) if docs.exists() else set()
+    results = statuses()
+    counts = Counter(results.values())
+    caught = sum(n for s, n in counts.items() if s in CAUGHT)
+    not_caught = {k: s for k, s in results.items() if s not in CAUGHT and s != "skipped"}
+    equiv = {k for k in not_caught if k in equivalent}
+    scored = caught + len(not_caught) - len(equiv)
+    score = 100.0 * caught / scored if scored else 100.0
+    print(
+        f"{module}: {len(results)} mutants, {caught} killed, {len(equiv)} equivalent, "
+        f"{len(not_caught) - len(equiv)} not killed -> {score:.1f}% of non-equivalent killed"
+    )
+    print("  by status: " + ", ".join(f"{s} {n}" for s, n in sorted(counts.items())))
+    print(f"  tests: {' '.join(tests)}; {seconds} s")
+    print()
+    for name, status in sorted(not_caught.items(), key=lambda kv: (kv[0] in equiv, kv[0])):
+        tag = "equivalent (docs/TESTING.md)" if name in equiv else status.upper()
+        diff = subprocess.run([MUTMUT, "show", name], capture_output=True, text=True).stdout
+        print(f"## {name}: {tag}")
+        print("\n".join(diff.splitlines()[1:]).strip())
+        print()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "prepare":
+        prepare(sys.argv[2])
+    else:
+        report(sys.argv[2], sys.argv[3], sys.argv[4:])
