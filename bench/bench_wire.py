@@ -24,6 +24,7 @@ import torch
 import models
 from bench.bench_models import DEFAULT_OUT, cpu_model, write_section
 from models.packing import FlatSequences, pack_flat, plan, unpack_flat
+from models.smoothing import LinearRecursion
 from service import wire
 from service.validation import Limits, SmoothRequest, parse_body, to_arrays
 
@@ -41,6 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     model = models.load("smoother")
+    assert isinstance(model, LinearRecursion)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.sequences, args.steps, 16)).astype(np.float32)
     lengths = np.full(args.sequences, args.steps, np.int64)
