@@ -25,6 +25,7 @@ tests_for() {
   case "$1" in
     service/batching.py) echo tests/unit/test_batcher.py tests/unit/test_reliability.py ;;
     service/validation.py) echo tests/unit/test_validation.py ;;
+    service/scheduler.py) echo tests/unit/test_scheduler.py tests/unit/test_reliability.py ;;
     service/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py ;;
     models/packing.py) echo tests/unit/test_packing.py tests/unit/test_smoothing.py \
                             tests/unit/test_traveller.py ;;
@@ -42,7 +43,7 @@ tests_for() {
 # that mutmut does not measure.
 setup_seconds_for() {
   case "$1" in
-    service/batching.py | service/validation.py) echo 2 ;;
+    service/batching.py | service/validation.py | service/scheduler.py) echo 2 ;;
     *) echo 20 ;;
   esac
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ class FakeEngine:
         self.release.set()
         self.entered = asyncio.Event()
         self.fail_when: int | None = None  # raise when this item is active
+        self.compute: float | None = None  # reported as the engine's own time
 
     async def __call__(self, joins: list[tuple[int, int]], leaves: list[int]) -> ChunkOutcome[str]:
         for key in leaves:
@@ -51,7 +53,7 @@ class FakeEngine:
             if not self.left[key]:
                 del self.left[key]
                 done[key] = f"done {self.items[key]}"
-        return ChunkOutcome(done, progress, ran)
+        return ChunkOutcome(done, progress, ran, self.compute)
 
 
 async def test_a_short_item_joins_a_running_long_one_and_finishes_first() -> None:
@@ -233,4 +235,156 @@ async def test_a_failing_chunk_raises_from_the_stream() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         async for _ in b.stream(13):
             pass
+    await b.close()
+
+
+class Recorder:
+    """An observer that keeps every call, as it was made."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[str, dict[str, Any]]] = []
+        self.depths: list[tuple[str, int]] = []
+        self.splits: list[tuple[str, str]] = []
+
+    def on_queue_depth(self, name: str, depth: int) -> None:
+        self.depths.append((name, depth))
+
+    def on_batch(self, name: str, **kw: Any) -> None:
+        self.batches.append((name, kw))
+
+    def on_split(self, name: str, reason: str) -> None:
+        self.splits.append((name, reason))
+
+
+async def test_the_observer_gets_each_chunks_own_figures() -> None:
+    engine = FakeEngine(chunk=4)
+    engine.compute = 0.001
+    rec = Recorder()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(
+        engine, max_active=8, observer=rec, name="rollouts"
+    )
+    b.start()
+    await asyncio.wait_for(asyncio.gather(b.submit(10, size=2), b.submit(3)), 5)
+    assert {name for name, _ in rec.batches} == {"rollouts"}
+    assert [kw["items"] for _, kw in rec.batches] == [2, 1, 1]  # 3 steps, then 10 = 4 + 4 + 2
+    assert [kw["size"] for _, kw in rec.batches] == [3, 2, 2]
+    assert [kw["cost"] for _, kw in rec.batches] == [7, 4, 2]
+    waits = [w for _, kw in rec.batches for w in kw["queue_waits"]]
+    assert len(waits) == 2
+    assert all(0 <= w < 5 for w in waits)
+    for _, kw in rec.batches:
+        assert kw["ok"] is True
+        assert kw["compute_seconds"] == 0.001  # the engine's own figure
+        assert 0.0 <= kw["wait_seconds"] < 5  # the rest of the chunk's wall time
+    assert rec.depths[0] == ("rollouts", 1)
+    assert all(name == "rollouts" for name, _ in rec.depths)
+    assert rec.depths[-1] == ("rollouts", 0)
+    engine.compute = None  # an engine that does not measure: the wall time, no wait
+    engine.fail_when = 99
+    rec.batches.clear()
+    failed = await asyncio.wait_for(asyncio.gather(b.submit(99), return_exceptions=True), 5)
+    assert isinstance(failed[0], RuntimeError)
+    ((_, kw),) = rec.batches
+    assert kw["ok"] is False
+    assert kw["cost"] == 0
+    assert 0.0 <= kw["compute_seconds"] < 5
+    assert kw["wait_seconds"] == 0.0
+    await b.close()
+
+
+async def test_errors_and_the_task_carry_the_schedulers_name() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=1, max_queue_size=1)
+    with pytest.raises(BatcherClosed, match=r"^scheduler is not accepting work$"):
+        await b.submit(1)
+    b.start()
+    assert any(t.get_name() == "scheduler-scheduler" for t in asyncio.all_tasks())
+    running = asyncio.ensure_future(b.submit(5))
+    await asyncio.wait_for(engine.entered.wait(), 5)
+    queued = asyncio.ensure_future(b.submit(6))
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull, match=r"^scheduler queue is full \(1 waiting\)$"):
+        await b.submit(7)
+    await asyncio.wait_for(b.close(drain_timeout_s=0.05), 5)  # the engine never finishes
+    assert running.done()
+    assert queued.done()  # nothing is left hanging once close returns
+    assert running.cancelled()
+    with pytest.raises(BatcherClosed, match=r"^scheduler stopped$"):
+        await queued
+    with pytest.raises(ValueError, match="max_split_depth must be >= 0, got -1"):
+        ContinuousBatcher(engine, max_active=1, max_split_depth=-1)
+    await ContinuousBatcher(engine, max_active=1).close()  # never started: nothing to stop
+
+
+@pytest.mark.parametrize(("depth", "survivors"), [(1, {5, 6}), (2, {4, 5, 6})])
+async def test_a_failing_chunk_is_retried_in_halves_alone(depth: int, survivors: set[int]) -> None:
+    engine = FakeEngine()
+    engine.fail_when = 13
+    rec = Recorder()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(
+        engine, max_active=8, observer=rec, max_split_depth=depth
+    )
+    b.start()
+    items = [13, 4, 5, 6]
+    out = await asyncio.wait_for(
+        asyncio.gather(*(b.submit(i) for i in items), return_exceptions=True), 5
+    )
+    ok = {i for i, r in zip(items, out, strict=True) if r == f"done {i}"}
+    assert ok == survivors
+    assert all(isinstance(r, RuntimeError) for i, r in zip(items, out, strict=True) if i not in ok)
+    actives = [active for _, _, active in engine.calls]
+    assert actives[0] == [4, 5, 6, 13]
+    assert actives[1] == [4, 13]  # the first half, alone
+    if depth == 2:
+        assert actives[2] == [13]  # split again: 13 alone, then 4 alone
+        assert actives[3] == [4]
+    assert [5, 6] in actives  # the second half, alone as well
+    assert rec.splits[0] == ("scheduler", "error")
+    assert len(rec.splits) == depth
+    await b.close()
+
+
+async def test_an_item_behind_a_cancelled_one_joins_at_the_next_chunk() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
+    b.start()
+    first = asyncio.ensure_future(b.submit(2))
+    await asyncio.wait_for(engine.entered.wait(), 5)
+    gone = asyncio.ensure_future(b.submit(77))
+    after = asyncio.ensure_future(b.submit(3))
+    await asyncio.sleep(0)
+    gone.cancel()
+    engine.release.set()
+    assert await asyncio.wait_for(asyncio.gather(first, after), 5) == ["done 2", "done 3"]
+    assert engine.calls[1][0] == [3]  # joined right after the chunk it waited for
+    # only cancelled callers waiting and nothing running: the scheduler goes on
+    engine.release.clear()
+    engine.entered.clear()
+    held = asyncio.ensure_future(b.submit(1))
+    await asyncio.wait_for(engine.entered.wait(), 5)
+    lost = asyncio.ensure_future(b.submit(8))
+    await asyncio.sleep(0)
+    lost.cancel()
+    held.cancel()  # finishes in the chunk under way: its result has nobody to go to
+    engine.release.set()
+    assert await asyncio.wait_for(b.submit(4), 5) == "done 4"
+    await b.close()
+
+
+async def test_streams_of_default_size_share_a_chunk_and_leave_no_tasks() -> None:
+    engine = FakeEngine(chunk=2)
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=2)
+    b.start()
+    before = {t for t in asyncio.all_tasks() if not t.done()}
+
+    async def drain(n: int) -> list[Any]:
+        return [p async for p in b.stream(n)]
+
+    got = await asyncio.wait_for(asyncio.gather(drain(4), drain(4)), 5)
+    assert got == [[(0, 2), (2, 2)], [(0, 2), (2, 2)]]
+    assert engine.calls[0][2] == [4, 4]  # one sequence each: both fit in max_active=2
+    await asyncio.sleep(0)
+    assert {t for t in asyncio.all_tasks() if not t.done()} <= before  # no getter left waiting
     await b.close()
