@@ -65,7 +65,6 @@ class _Work(Generic[T, R]):
     key: int
     item: T
     size: int
-    steps: int
     future: asyncio.Future[R]
     progress: asyncio.Queue[Any] | None = None  # set for streaming callers
     enqueued: float = field(default_factory=time.monotonic)
@@ -132,11 +131,14 @@ class ContinuousBatcher(Generic[T, R]):
         return sum(w.size for w in self._active.values())
 
     async def submit(self, item: T, *, size: int = 1, cost: int = 1) -> R:
-        """Queue ``item`` (``size`` sequences, ``cost`` timesteps in all) and wait for its result.
+        """Queue ``item`` (``size`` sequences) and wait for its result.
+
+        ``cost`` (its timesteps) is taken for the same call as ``DynamicBatcher.submit`` and not
+        used: a chunk bounds its own timesteps (``max_active`` x the engine's chunk).
 
         An item larger than ``max_active`` runs once it can be admitted alone.
         """
-        work = self._enqueue(item, size, cost, None)
+        work = self._enqueue(item, size, None)
         return await work.future  # a cancelled caller leaves the running set at the next chunk
 
     def stream(self, item: T, *, size: int = 1, cost: int = 1) -> AsyncIterator[Any]:
@@ -147,7 +149,7 @@ class ContinuousBatcher(Generic[T, R]):
         item out of the running set at the next chunk. An error of the item's chunk is raised
         from the iterator.
         """
-        return self._progress(self._enqueue(item, size, cost, asyncio.Queue()))
+        return self._progress(self._enqueue(item, size, asyncio.Queue()))
 
     async def _progress(self, work: _Work[T, R]) -> AsyncIterator[Any]:
         progress = work.progress
@@ -169,15 +171,13 @@ class ContinuousBatcher(Generic[T, R]):
             if not work.future.done():
                 work.future.cancel()
 
-    def _enqueue(
-        self, item: T, size: int, cost: int, progress: asyncio.Queue[Any] | None
-    ) -> _Work[T, R]:
+    def _enqueue(self, item: T, size: int, progress: asyncio.Queue[Any] | None) -> _Work[T, R]:
         if self._closing or self._task is None:
             raise BatcherClosed(f"{self.name} is not accepting work")
         if self.max_queue_size is not None and len(self._queue) >= self.max_queue_size:
             raise QueueFull(f"{self.name} queue is full ({self.max_queue_size} waiting)")
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        work = _Work(next(self._keys), item, size, cost, future, progress)
+        work = _Work(next(self._keys), item, size, future, progress)
         self._queue.append(work)
         self._notify_depth()
         self._arrived.set()

@@ -27,6 +27,8 @@ class FakeEngine:
         self.entered = asyncio.Event()
         self.fail_when: int | None = None  # raise when this item is active
         self.compute: float | None = None  # reported as the engine's own time
+        self.fail_once: BaseException | None = None  # raised by the next chunk only
+        self.delay = 0.0  # seconds each chunk takes
 
     async def __call__(self, joins: list[tuple[int, int]], leaves: list[int]) -> ChunkOutcome[str]:
         for key in leaves:
@@ -37,8 +39,12 @@ class FakeEngine:
         self.calls.append(([i for _, i in joins], [self.items[k] for k in leaves], []))
         self.calls[-1][2].extend(sorted(self.items[k] for k in self.left))
         self.entered.set()
-        await asyncio.sleep(0)  # like the real engine's hop to its worker thread
+        await asyncio.sleep(self.delay)  # like the real engine's hop to its worker thread
         await self.release.wait()
+        if self.fail_once is not None:
+            exc, self.fail_once = self.fail_once, None
+            self.left.clear()
+            raise exc
         if self.fail_when is not None and self.fail_when in (self.items[k] for k in self.left):
             self.left.clear()
             raise RuntimeError("boom")
@@ -232,9 +238,12 @@ async def test_a_failing_chunk_raises_from_the_stream() -> None:
     engine.fail_when = 13
     b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=4)
     b.start()
+    before = {t for t in asyncio.all_tasks() if not t.done()}
     with pytest.raises(RuntimeError, match="boom"):
         async for _ in b.stream(13):
             pass
+    await asyncio.sleep(0)
+    assert {t for t in asyncio.all_tasks() if not t.done()} <= before  # no getter left waiting
     await b.close()
 
 
@@ -387,4 +396,39 @@ async def test_streams_of_default_size_share_a_chunk_and_leave_no_tasks() -> Non
     assert engine.calls[0][2] == [4, 4]  # one sequence each: both fit in max_active=2
     await asyncio.sleep(0)
     assert {t for t in asyncio.all_tasks() if not t.done()} <= before  # no getter left waiting
+    await b.close()
+
+
+async def test_a_retry_group_runs_alone_until_it_is_done() -> None:
+    """After a chunk fails, each half starts over alone: nothing joins it until it ends."""
+    engine = FakeEngine()
+    engine.fail_once = RuntimeError("CUDA out of memory")  # a one-off failure of the chunk
+    rec = Recorder()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(
+        engine, max_active=8, observer=rec, max_split_depth=1
+    )
+    b.start()
+    out = await asyncio.wait_for(asyncio.gather(b.submit(3), b.submit(4)), 5)
+    assert out == ["done 3", "done 4"]
+    actives = [active for _, _, active in engine.calls]
+    assert actives == [[3, 4]] + [[3]] * 3 + [[4]] * 4  # each half alone, to its end
+    assert rec.splits == [("scheduler", "out_of_memory")]
+    late = asyncio.ensure_future(b.submit(2))  # and afterwards work is admitted as usual
+    both = asyncio.ensure_future(b.submit(2))
+    assert await asyncio.wait_for(asyncio.gather(late, both), 5) == ["done 2", "done 2"]
+    assert engine.calls[-1][2] == [2, 2]
+    await b.close()
+
+
+async def test_wait_seconds_are_the_chunks_time_beyond_the_engines_own() -> None:
+    engine = FakeEngine()
+    engine.delay = 0.5  # each chunk takes half a second, of which the engine reports 0.45
+    engine.compute = 0.45
+    rec = Recorder()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8, observer=rec)
+    b.start()
+    await asyncio.wait_for(b.submit(1), 5)
+    ((_, kw),) = rec.batches
+    assert kw["compute_seconds"] == 0.45
+    assert 0.03 < kw["wait_seconds"] < 0.45  # wall - compute: about 0.05 s
     await b.close()
