@@ -432,3 +432,24 @@ async def test_wait_seconds_are_the_chunks_time_beyond_the_engines_own() -> None
     assert kw["compute_seconds"] == 0.45
     assert 0.03 < kw["wait_seconds"] < 0.45  # wall - compute: about 0.05 s
     await b.close()
+
+
+async def test_new_work_waits_while_the_last_retry_group_runs() -> None:
+    engine = FakeEngine()
+    engine.fail_once = RuntimeError("boom")
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8, max_split_depth=1)
+    b.start()
+    first = asyncio.gather(b.submit(3), b.submit(6))
+    for _ in range(1000):  # until the last half ([6]) runs alone
+        if [6] in [active for _, _, active in engine.calls]:
+            break
+        await asyncio.sleep(0)
+    newcomer = b.submit(2)
+    assert await asyncio.wait_for(asyncio.gather(first, newcomer), 5) == [
+        ["done 3", "done 6"],
+        "done 2",
+    ]
+    actives = [active for _, _, active in engine.calls]
+    assert not any(2 in a and 6 in a for a in actives)  # it joined after the group, not beside
+    assert actives[-1] == [2]
+    await b.close()
