@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Mutation testing of rnnserve's core with mutmut. Not part of CI: it takes minutes per module.
 #
-#   scripts/mutation.sh                       # the core: batching, validation, routes, packing, loader
+#   scripts/mutation.sh                       # the core: batching, validation, scheduler, wire,
+#                                             # routes, packing, loader
 #   scripts/mutation.sh service/batching.py   # one or more modules (paths under models/ or service/)
 #   scripts/mutation.sh all                   # the core, then smoothing, traveller and the kernels
 #
@@ -14,8 +15,8 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY="$ROOT/.venv/bin/python"
 JOBS="${MUTATION_JOBS:-1}"
-CORE=(service/batching.py service/validation.py service/routes.py models/packing.py
-      models/__init__.py)
+CORE=(service/batching.py service/validation.py service/scheduler.py service/wire.py
+      service/routes.py models/packing.py models/__init__.py)
 LATER=(models/smoothing.py models/traveller.py models/kernels/*.py)
 
 # The tests that judge each module: the ones that exercise it directly, kept small enough that a
@@ -26,6 +27,8 @@ tests_for() {
     service/batching.py) echo tests/unit/test_batcher.py tests/unit/test_reliability.py ;;
     service/validation.py) echo tests/unit/test_validation.py ;;
     service/scheduler.py) echo tests/unit/test_scheduler.py tests/unit/test_reliability.py ;;
+    # test_validation.py never reaches wire.py; test_binary.py posts safetensors bodies
+    service/wire.py) echo tests/unit/test_wire.py tests/integration/test_binary.py ;;
     service/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py ;;
     models/packing.py) echo tests/unit/test_packing.py tests/unit/test_smoothing.py \
                             tests/unit/test_traveller.py ;;

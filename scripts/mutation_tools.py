@@ -11,10 +11,12 @@ others are the ones still to kill or to explain there.
 from __future__ import annotations
 
 import ast
+import io
 import os
 import re
 import subprocess
 import sys
+import tokenize
 from collections import Counter
 from pathlib import Path
 
@@ -23,10 +25,14 @@ CAUGHT = {"killed", "timeout", "caught by type check", "segfault"}
 NAME = re.compile(r"[\w.ǁ]+__mutmut_\d+")
 
 
+COMPILER = re.compile(r"(?<![A-Za-z0-9])(njit|jit|script)\b")
+
+
 def compiled_functions(tree: ast.Module) -> set[str]:
     """Names of plain functions handed to a compiler: ``numba.njit(...)(f)``, ``njit(f)``,
-    ``torch.jit.script(f)``. mutmut swaps each function for a Python trampoline, which numba
-    and TorchScript cannot compile, so such functions cannot be mutated this way."""
+    ``torch.jit.script(f)``, or a module's own wrapper such as ``_jit(f, **options)``. mutmut
+    swaps each function for a Python trampoline, which numba and TorchScript cannot compile,
+    so such functions cannot be mutated this way."""
     names = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or len(node.args) != 1:
@@ -34,19 +40,40 @@ def compiled_functions(tree: ast.Module) -> set[str]:
         if not isinstance(node.args[0], ast.Name):
             continue
         func = ast.unparse(node.func)
-        if re.search(r"\b(njit|jit|script)\b", func):
+        if COMPILER.search(func):
             names.add(node.args[0].id)
     return names
+
+
+def header_ends(source: str) -> dict[int, int]:
+    """For each ``def`` line, the line of the colon that ends its signature (the two differ
+    when the signature spans several lines): mutmut reads a ``no mutate block`` pragma only
+    from that colon's line."""
+    ends: dict[int, int] = {}
+    start, depth = 0, 0
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.NAME and tok.string == "def" and not start:
+            start, depth = tok.start[0], 0
+        elif start and tok.type == tokenize.OP:
+            if tok.string in "([{":
+                depth += 1
+            elif tok.string in ")]}":
+                depth -= 1
+            elif tok.string == ":" and depth == 0:
+                ends[start], start = tok.start[0], 0
+    return ends
 
 
 def prepare(module: str) -> None:
     """Mark the functions of ``module`` that numba or TorchScript compile ``no mutate``."""
     path = Path(module)
-    lines = path.read_text().splitlines(keepends=True)
-    names = compiled_functions(ast.parse("".join(lines)))
-    for node in ast.walk(ast.parse("".join(lines))):
+    source = path.read_text()
+    lines = source.splitlines(keepends=True)
+    names = compiled_functions(ast.parse(source))
+    ends = header_ends(source)
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.FunctionDef) and node.name in names:
-            i = node.lineno - 1
+            i = ends[node.lineno] - 1
             lines[i] = lines[i].rstrip("\n") + "  # pragma: no mutate block\n"
             print(f"{module}: {node.name} is compiled (numba/TorchScript): not mutated")
     path.write_text("".join(lines))
