@@ -140,7 +140,11 @@ def stage_costs(workload: Workload, runtime: ModelRuntime, quick: bool) -> Stage
     model = cpu_per_call(
         lambda: runtime._compute(workload.model, module, flats, record=False), batch_calls, repeats
     ) / len(flats)
-    outputs = runtime._compute(workload.model, module, flats, record=False)
+    outputs = [
+        o
+        for o in runtime._compute(workload.model, module, flats, record=False)
+        if isinstance(o, FlatSequences)  # every input is finite: no ItemError
+    ]
 
     def serialise() -> None:
         out = outputs[next(it) % len(outputs)]

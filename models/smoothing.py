@@ -102,17 +102,24 @@ class LinearRecursion(nn.Module):
             final = final.index_select(0, x.unsorted_indices)
         return PackedSequence(y, x.batch_sizes, x.sorted_indices, x.unsorted_indices), final
 
-    def smooth_flat(self, data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def smooth_flat(
+        self, data: np.ndarray, lengths: np.ndarray, finite: np.ndarray | None = None
+    ) -> np.ndarray:
         """The packed batch's output, computed on the sequences' own rows (CPU, inference).
 
         ``data``: ``[sum T_j, F]``, sequence ``j`` the next ``lengths[j]`` rows; returns the
         output in the same layout. The recursion runs per sequence, so the result equals
         :meth:`forward` on the packed batch (to float32 rounding) without packing and unpacking:
-        the server's path for CPU batches.
+        the server's path for CPU batches. ``finite``, if given (``[B]`` bool), is set to
+        whether each sequence's inputs were all finite, checked in the same pass; a sequence
+        with a NaN or an infinity has meaningless outputs but leaves the others untouched.
         """
         if data.ndim != 2 or data.shape[1] != self.feat_dim:
             raise ValueError(f"expected rows of shape [N, {self.feat_dim}], got {data.shape}")
-        return smooth_flat_numba(data, lengths, self.alpha_smooth, self.wx)[0]
+        out, _, ok = smooth_flat_numba(data, lengths, self.alpha_smooth, self.wx)
+        if finite is not None:
+            finite[...] = ok
+        return out
 
     def _check(self, x: PackedSequence) -> Tensor:
         if not isinstance(x, PackedSequence):

@@ -74,6 +74,18 @@ class TimedResults(list[R]):
         self.compute_seconds = compute_seconds
 
 
+@dataclass(frozen=True)
+class ItemError:
+    """A handler's result for one item that failed on its own, not with its batch.
+
+    The caller of that item gets ``error`` raised; the rest of the batch gets its results,
+    with no split and no retry (the error is the item's, e.g. its input, found while the
+    batch ran).
+    """
+
+    error: Exception
+
+
 class BatcherError(Exception):
     """Base class for the batcher's own errors."""
 
@@ -127,7 +139,7 @@ class DynamicBatcher(Generic[T, R]):
 
     def __init__(
         self,
-        handler: Callable[[list[T]], Awaitable[Sequence[R]]],
+        handler: Callable[[list[T]], Awaitable[Sequence[R | ItemError]]],
         *,
         max_batch_size: int,
         max_delay_s: float,
@@ -282,7 +294,11 @@ class DynamicBatcher(Generic[T, R]):
         else:
             ok = True
             for p, r in zip(batch, results, strict=True):
-                if not p.future.done():
+                if p.future.done():
+                    continue
+                if isinstance(r, ItemError):
+                    p.future.set_exception(r.error)
+                else:
                     p.future.set_result(r)
         finally:
             if self._observer is not None:

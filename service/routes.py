@@ -30,7 +30,7 @@ from service.batching import (
 )
 from service.config import Settings
 from service.metrics import CONTENT_TYPE, Metrics
-from service.runtime import Runtime, StreamingUnavailable, UnknownModel
+from service.runtime import NonFiniteInput, Runtime, StreamingUnavailable, UnknownModel
 from service.stepping import Piece
 from service.transport import EngineUnavailable
 from service.validation import (
@@ -461,7 +461,8 @@ async def _infer(
         if decoded is None:
             sequences = to_arrays(sequences, field, served.input_dim, limits, name)
         else:
-            sequences = decoded.sequences(served.input_dim, name)
+            # a model that checks its inputs as it runs spares the body a second pass
+            sequences = decoded.sequences(served.input_dim, name, not served.checks_finite)
         streaming = endpoint == "rollout" and NDJSON in request.headers.get("accept", "")
         if time.perf_counter() >= deadline:  # reading and parsing took it all: never queued
             raise DeadlineExceeded
@@ -483,6 +484,8 @@ async def _infer(
             raise RequestError(503, "shutting_down", str(exc)) from None
         except EngineUnavailable as exc:  # several workers: the model process has gone
             raise RequestError(503, "engine_unavailable", str(exc)) from None
+        except NonFiniteInput:  # found by the model in its own pass; say where
+            raise wire.non_finite_error(sequences, field) from None
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise

@@ -28,7 +28,7 @@ from models.packing import FlatSequences, active_fraction, pack_flat, plan, unpa
 from models.recurrent import RecurrentModel
 from models.smoothing import LinearRecursion
 from models.traveller import Traveller
-from service.batching import DynamicBatcher, TimedResults, is_out_of_memory
+from service.batching import DynamicBatcher, ItemError, TimedResults, is_out_of_memory
 from service.config import Settings
 from service.metrics import Metrics
 from service.scheduler import ChunkOutcome, ContinuousBatcher
@@ -54,6 +54,17 @@ class StreamingUnavailable(ValueError):
     """The model cannot stream its output (not a continuously scheduled Traveller)."""
 
 
+class NonFiniteInput(ValueError):
+    """A request held a NaN or an infinity, found by the model while it ran (its own pass).
+
+    ``sequence`` is the index, within the request, of the first sequence with one.
+    """
+
+    def __init__(self, sequence: int) -> None:
+        super().__init__(f"sequence {sequence} holds a value that is not finite")
+        self.sequence = sequence
+
+
 class ServedInfo(Protocol):
     """What the HTTP layer reads of a served model."""
 
@@ -65,6 +76,14 @@ class ServedInfo(Protocol):
     def input_dim(self) -> int: ...
     @property
     def info(self) -> dict[str, Any]: ...
+    @property
+    def checks_finite(self) -> bool:
+        """Whether the model checks its inputs for NaN and infinity as it runs.
+
+        If so, the HTTP layer may skip its own pass over a binary body: a request with such
+        a value then fails alone with :class:`NonFiniteInput`.
+        """
+        ...
 
 
 class Runtime(Protocol):
@@ -93,6 +112,7 @@ class ServedModel:
     info: dict[str, Any]
     batcher: DynamicBatcher[Item, Item] | ContinuousBatcher[Item, Item] = field(repr=False)
     executor: ThreadPoolExecutor = field(repr=False)
+    checks_finite: bool = False
 
 
 def resolve_device(name: str) -> torch.device:
@@ -255,7 +275,7 @@ class ModelRuntime:
             )
         else:
 
-            async def handle(items: list[Item]) -> list[Item]:
+            async def handle(items: list[Item]) -> list[Item | ItemError]:
                 loop = asyncio.get_running_loop()
                 results, seconds = await loop.run_in_executor(
                     executor, _timed, self._compute, name, module, items
@@ -273,7 +293,14 @@ class ModelRuntime:
                 max_split_depth=s.batch_split_depth,
             )
         info = models.describe(module)
-        return ServedModel(name, info["kind"], module, _input_dim(module), info, batcher, executor)
+        checks = self._checks_finite(module)
+        return ServedModel(
+            name, info["kind"], module, _input_dim(module), info, batcher, executor, checks
+        )
+
+    def _checks_finite(self, module: nn.Module) -> bool:
+        # the smoother's CPU kernel checks its inputs in the pass that smooths them
+        return isinstance(module, LinearRecursion) and self.device.type == "cpu"
 
     # -- inference ------------------------------------------------------------------------
 
@@ -318,7 +345,7 @@ class ModelRuntime:
 
     def _compute(
         self, name: str, module: nn.Module, items: Sequence[Item], record: bool = True
-    ) -> list[Item]:
+    ) -> list[Item | ItemError]:
         """Runs on the worker thread: pack every sequence of every item, run once, split.
 
         Rows go straight from each request's flat array to their packed rows, and back to one
@@ -326,10 +353,15 @@ class ModelRuntime:
         CPU skips packing: its recursion is per sequence, so it runs on the rows as they come.
         """
         lengths = np.concatenate([item.lengths for item in items])
-        if isinstance(module, LinearRecursion) and self.device.type == "cpu":
-            # the recursion is per sequence: run it on the requests' own rows, no packing
+        finite: np.ndarray | None = None
+        if self._checks_finite(module):
+            assert isinstance(module, LinearRecursion)
+            # the recursion is per sequence: run it on the requests' own rows, no packing, and
+            # check them for NaN and infinity in the same pass (a bad row spoils only its own
+            # sequence's outputs, which are then not sent)
             data = items[0].data if len(items) == 1 else np.concatenate([i.data for i in items])
-            flat = module.smooth_flat(data, lengths)
+            finite = np.empty(len(lengths), np.bool_)
+            flat = module.smooth_flat(data, lengths, finite)
         else:
             layout = plan(lengths)
             with torch.inference_mode():
@@ -339,11 +371,16 @@ class ModelRuntime:
         if record and self.metrics is not None:
             frac = active_fraction(lengths)
             self.metrics.batch_active_fraction.labels(name).observe(frac)
-        results: list[Item] = []
-        row = 0
+        results: list[Item | ItemError] = []
+        row = seq = 0
         for item in items:
-            results.append(FlatSequences(flat[row : row + item.total], item.lengths))
+            ok = finite[seq : seq + len(item)] if finite is not None else None
+            if ok is not None and not ok.all():
+                results.append(ItemError(NonFiniteInput(int(np.argmin(ok)))))
+            else:
+                results.append(FlatSequences(flat[row : row + item.total], item.lengths))
             row += item.total
+            seq += len(item)
         return results
 
 

@@ -391,6 +391,7 @@ class RemoteModel:
     kind: str
     input_dim: int
     info: dict[str, Any]
+    checks_finite: bool = False  # the HTTP worker checks: the engine's finding is not relayed
 
 
 _END = object()

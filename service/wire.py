@@ -613,11 +613,17 @@ class Decoded:
     """A request body that parsed: the model name it asked for, and how to get its arrays."""
 
     model: str | None
-    _finish: Any  # (input_dim, model name) -> FlatSequences, raising RequestError
+    _finish: Any  # (input_dim, model name, check_finite) -> FlatSequences, raising RequestError
 
-    def sequences(self, input_dim: int, model: str) -> FlatSequences:
-        """Check limits, width and values against the model; the float32 sequences."""
-        result: FlatSequences = self._finish(input_dim, model)
+    def sequences(self, input_dim: int, model: str, check_finite: bool = True) -> FlatSequences:
+        """Check limits, width and values against the model; the float32 sequences.
+
+        ``check_finite=False`` leaves the NaN and infinity check of a binary body to a model
+        that checks its inputs in the same pass as its computation (the smoother on the CPU);
+        the caller then answers a :class:`NonFinite` result with :func:`non_finite_error`.
+        JSON bodies are always checked: the parser sees each number anyway.
+        """
+        result: FlatSequences = self._finish(input_dim, model, check_finite)
         return result
 
 
@@ -673,7 +679,8 @@ def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
             return None
     n_seq, total, width = int(info[_N_SEQ]), int(info[_TOTAL]), int(info[_WIDTH])
 
-    def finish(input_dim: int, name: str) -> FlatSequences:
+    def finish(input_dim: int, name: str, check_finite: bool) -> FlatSequences:
+        del check_finite  # the scanner refuses NaN and Infinity; _fill finds float32 overflow
         too_long = (int(info[_TOO_LONG_AT]), int(info[_TOO_LONG_LEN]))
         _check_limits(n_seq, too_long, total, field, limits)
         if width != input_dim:  # the precise path reports the first step: every step has it
@@ -736,6 +743,19 @@ def _width_error(width: int, field: str, input_dim: int, model: str) -> RequestE
         f"sequence 0, step 0: has {width} features; model '{model}' takes {input_dim}",
         (field, 0, 0),
     )  # fmt: skip
+
+
+def non_finite_error(seqs: FlatSequences, field: str) -> RequestError:
+    """The located 422 for sequences a model found a NaN or an infinity in.
+
+    For bodies whose check was left to the model (``check_finite=False``): the model said
+    that some value is not finite; this finds the first one and says where.
+    """
+    first = int(_first_non_finite(seqs.data.reshape(-1)))
+    if first < 0:  # the model's word against the data: report it without a place
+        return RequestError(422, "non_finite", f"'{field}' holds a value that is not finite",
+                            (field,))  # fmt: skip
+    return _value_error(seqs, first, field, "value is not a finite number")
 
 
 def _value_error(seqs: FlatSequences, flat: int, field: str, what: str) -> RequestError:
@@ -857,16 +877,17 @@ def _decode_safetensors(body: bytes, field: str, limits: Limits) -> Decoded:
     if data.shape[1] == 0:
         raise RequestError(422, "empty", "sequence 0, step 0 has no features", (field, 0, 0))
 
-    def finish(input_dim: int, model: str) -> FlatSequences:
+    def finish(input_dim: int, model: str, check_finite: bool) -> FlatSequences:
         long = np.flatnonzero(lengths > limits.max_sequence_length)
         too_long = (int(long[0]), int(lengths[long[0]])) if len(long) else (-1, 0)
         _check_limits(len(lengths), too_long, total, field, limits)
         if data.shape[1] != input_dim:
             raise _width_error(data.shape[1], field, input_dim, model)
         out = FlatSequences(data, lengths)
-        first = int(_first_non_finite(data.reshape(-1)))
-        if first >= 0:
-            raise _value_error(out, first, field, "value is not a finite number")
+        if check_finite:
+            first = int(_first_non_finite(data.reshape(-1)))
+            if first >= 0:
+                raise _value_error(out, first, field, "value is not a finite number")
         return out
 
     return Decoded(meta.get("model"), finish)

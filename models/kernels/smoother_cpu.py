@@ -122,23 +122,34 @@ def last_step_rows(batch_sizes: Tensor) -> Tensor:
     return offsets[lengths - 1] + seq
 
 
-def _smooth_flat(x: Any, lengths: Any, alpha: Any, wx: Any, out: Any, last: Any) -> None:
-    # x, out: [N, F], sequence j is the next lengths[j] rows; last: [B, F] final states
+def _smooth_flat(
+    x: Any, lengths: Any, alpha: Any, wx: Any, out: Any, last: Any, finite: Any
+) -> None:
+    # x, out: [N, F], sequence j is the next lengths[j] rows; last: [B, F] final states;
+    # finite: [B], whether sequence j's inputs were all finite. x - x is 0 for a finite x and
+    # NaN otherwise, so a per-feature sum of it, kept beside the state, checks the inputs in
+    # the same pass at the cost of a subtract and an add per value.
     n_feat = x.shape[1]
     keep = alpha
     take = 1 - alpha
     s = np.empty(n_feat, x.dtype)
+    bad = np.empty(n_feat, x.dtype)
     row = 0
     for j in range(lengths.shape[0]):
         for f in range(n_feat):
             s[f] = x[row, f]
+            bad[f] = x[row, f] - x[row, f]
             out[row, f] = fast_tanh(wx[f] * s[f])
         for r in range(row + 1, row + lengths[j]):
             for f in range(n_feat):
                 s[f] = keep[f] * s[f] + take[f] * x[r, f]
+                bad[f] += x[r, f] - x[r, f]
                 out[r, f] = fast_tanh(wx[f] * s[f])
+        total = x.dtype.type(0)
         for f in range(n_feat):
             last[j, f] = s[f]
+            total += bad[f]
+        finite[j] = total == 0
         row += lengths[j]
 
 
@@ -150,8 +161,11 @@ if _HAVE_NUMBA:
 
 def smooth_flat_numba(
     data: np.ndarray, lengths: np.ndarray, alpha: Tensor, wx: Tensor
-) -> tuple[np.ndarray, np.ndarray]:
-    """``tanh(wx * s)`` for sequences laid one after another; returns ``(y, final states)``.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``tanh(wx * s)`` for sequences laid one after another; ``(y, final states, finite)``.
+
+    ``finite[j]`` says whether sequence ``j``'s inputs were all finite (no NaN, no infinity),
+    checked in the same pass as the recursion, so a server need not read the rows twice.
 
     ``data``: ``[sum T_j, F]`` float32 or float64 (sequence ``j`` is the next ``lengths[j]``
     rows), ``s_0 = x_0``. Equal to the packed kernels' result to rounding (float32 ``tanh`` is a
@@ -168,5 +182,6 @@ def smooth_flat_numba(
     w = wx.detach().to(dtype=dtype).contiguous().numpy()
     out = np.empty_like(x)
     last = np.empty((len(n), x.shape[1]), x.dtype)
-    _smooth_flat_compiled(x, n, a, w, out, last)
-    return out, last
+    finite = np.empty(len(n), np.bool_)
+    _smooth_flat_compiled(x, n, a, w, out, last, finite)
+    return out, last, finite

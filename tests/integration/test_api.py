@@ -302,10 +302,10 @@ def _fail_on_steps(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
     monkeypatch.setattr(service.runtime, "run_model", flaky)
     real_flat = LinearRecursion.smooth_flat  # the smoother's CPU path, which skips packing
 
-    def flaky_flat(self: LinearRecursion, data: Any, lengths: Any) -> Any:
+    def flaky_flat(self: LinearRecursion, data: Any, lengths: Any, *finite: Any) -> Any:
         if data.shape[0] == steps:
             raise RuntimeError("simulated device failure")
-        return real_flat(self, data, lengths)
+        return real_flat(self, data, lengths, *finite)
 
     monkeypatch.setattr(LinearRecursion, "smooth_flat", flaky_flat)
 

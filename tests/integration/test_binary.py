@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import httpx
 import numpy as np
 import orjson
 import pytest
+import torch
 from safetensors.numpy import load, save
+from torch.nn.utils.rnn import pack_sequence
+
+import models
+from tests.integration.conftest import AppClient
+from tests.metrics import value
 
 ST = "application/x-safetensors"
 
@@ -194,3 +201,57 @@ async def test_fuzzed_binary_bodies_never_500(client: httpx.AsyncClient) -> None
             body[i] = int(rng.integers(0, 256))
         r = await client.post("/smooth", content=bytes(body), headers={"content-type": ST})
         assert r.status_code in (200, 400, 413, 422), r.text
+
+
+async def test_a_non_finite_value_found_by_the_model_fails_only_its_own_request(
+    app_client: AppClient,
+) -> None:
+    """The smoother on the CPU checks binary inputs in its own pass: a NaN or an infinity in one
+    request of a batch gets that request a located 422, and its batch mates their outputs."""
+    rng = np.random.default_rng(3)
+    bodies: list[bytes] = []
+    seqs_of: list[list[np.ndarray]] = []
+    bad_at = {1: (2, 5, 3, np.inf), 3: (0, 0, 15, np.nan), 4: (1, 6, 0, -np.inf)}
+    for k in range(6):
+        seqs = [rng.standard_normal((n, 16)).astype(np.float32) for n in (4, 7, 6)]
+        if k in bad_at:
+            i, t, f, v = bad_at[k]
+            seqs[i][t, f] = v
+        seqs_of.append(seqs)
+        flat = _flat(seqs)
+        bodies.append(save({"sequences": flat["x"], "lengths": flat["lengths"]}))
+    async with app_client(max_delay_ms=300.0, max_batch_size=16) as (_, client):
+        before = await _batches(client)
+        rs = await asyncio.gather(
+            *(client.post("/smooth", content=b, headers={"content-type": ST, "accept": ST})
+              for b in bodies)
+        )  # fmt: skip
+        # the bad requests ran with the good ones, each once (no split, no retry)
+        after = await _batches(client)
+        assert after[1] - before[1] == 6, (before, after)
+    model = models.load("smoother")
+    for k, r in enumerate(rs):
+        if k in bad_at:
+            i, t, f, _ = bad_at[k]
+            assert r.status_code == 422, r.text
+            assert r.json() == {
+                "detail": f"sequence {i}, step {t}, feature {f}: value is not a finite number",
+                "type": "non_finite",
+                "loc": ["sequences", i, t, f],
+            }
+            continue
+        assert r.status_code == 200, r.text
+        out = load(r.content)
+        want = [model(pack_sequence([torch.from_numpy(s)])).data.numpy() for s in seqs_of[k]]
+        got = np.split(out["sequences"], np.cumsum(out["lengths"])[:-1])
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
+
+
+async def _batches(client: httpx.AsyncClient) -> tuple[float, float]:
+    """The smoother's batches so far, and the requests they held."""
+    text = (await client.get("/metrics")).text
+    return (
+        value(text, "rnnserve_batch_requests_count", model="smoother"),
+        value(text, "rnnserve_batch_requests_sum", model="smoother"),
+    )

@@ -37,11 +37,13 @@ def _poison_smoother(monkeypatch: pytest.MonkeyPatch, error: Exception) -> list[
     calls: list[int] = []
     real = LinearRecursion.smooth_flat
 
-    def flaky(self: LinearRecursion, data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def flaky(
+        self: LinearRecursion, data: np.ndarray, lengths: np.ndarray, *finite: Any
+    ) -> np.ndarray:
         calls.append(len(data))
         if (data == POISON).any():
             raise error
-        return real(self, data, lengths)
+        return real(self, data, lengths, *finite)
 
     monkeypatch.setattr(LinearRecursion, "smooth_flat", flaky)
     return calls
@@ -83,10 +85,12 @@ async def test_out_of_memory_splits_the_batch_and_everyone_is_served(
     async with app_client(max_delay_ms=200.0, max_batch_size=8) as (_, client):
         real = LinearRecursion.smooth_flat
 
-        def small_device(self: LinearRecursion, data: np.ndarray, lengths: Any) -> np.ndarray:
+        def small_device(
+            self: LinearRecursion, data: np.ndarray, lengths: Any, *finite: Any
+        ) -> np.ndarray:
             if len(lengths) > 2:  # room for two sequences at once
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8 GiB")
-            return real(self, data, lengths)
+            return real(self, data, lengths, *finite)
 
         monkeypatch.setattr(LinearRecursion, "smooth_flat", small_device)
         rs = await asyncio.wait_for(
@@ -135,10 +139,12 @@ def _slow_smoother(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[int]
     calls: list[int] = []
     real = LinearRecursion.smooth_flat
 
-    def slow(self: LinearRecursion, data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def slow(
+        self: LinearRecursion, data: np.ndarray, lengths: np.ndarray, *finite: Any
+    ) -> np.ndarray:
         calls.append(len(lengths))
         time.sleep(seconds)
-        return real(self, data, lengths)
+        return real(self, data, lengths, *finite)
 
     monkeypatch.setattr(LinearRecursion, "smooth_flat", slow)
     return calls

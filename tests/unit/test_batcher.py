@@ -12,6 +12,7 @@ from service.batching import (
     BatcherClosed,
     DynamicBatcher,
     HandlerResultMismatch,
+    ItemError,
     QueueFull,
     TimedResults,
     mark_logged,
@@ -178,6 +179,32 @@ async def test_a_failing_batch_fails_only_its_callers() -> None:
     assert good == [1, 2]
     assert calls == 2
     assert [o["ok"] for o in observer.batches] == [False, True]
+    await b.close()
+
+
+async def test_an_item_error_fails_only_its_own_caller() -> None:
+    """A handler's ItemError is its item's failure: that caller gets the error, the batch mates
+    their results, and the batch is neither split nor run again."""
+    calls: list[list[int]] = []
+
+    async def handler(items: list[int]) -> list[int | ItemError]:
+        calls.append(list(items))
+        return [ItemError(ValueError(f"bad {i}")) if i < 0 else i * 10 for i in items]
+
+    observer = Observer()
+    b: DynamicBatcher[int, int] = DynamicBatcher(
+        handler, max_batch_size=4, max_delay_s=0.05, observer=observer, max_split_depth=3
+    )
+    b.start()
+    got = await asyncio.wait_for(
+        asyncio.gather(*(b.submit(i) for i in (1, -2, 3, -4)), return_exceptions=True), 5
+    )
+    assert got[::2] == [10, 30]
+    assert [type(g) for g in got[1::2]] == [ValueError, ValueError]
+    assert [str(g) for g in got[1::2]] == ["bad -2", "bad -4"]
+    assert calls == [[1, -2, 3, -4]]
+    assert [o["ok"] for o in observer.batches] == [True]
+    assert observer.splits == []
     await b.close()
 
 

@@ -188,6 +188,40 @@ def test_smooth_flat_equals_the_packed_forward(
     np.testing.assert_allclose(flat64, ref64, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_smooth_flat_says_which_sequences_held_a_non_finite_value(dtype: type) -> None:
+    """The check made in the smoothing pass: exactly the sequences with a NaN or an infinity
+    anywhere (first step, last step, last feature, among finite ones) are flagged, and the
+    other sequences' outputs are those computed without the bad ones beside them."""
+    model = make_model(5, 3)
+    rng = np.random.default_rng(4)
+    lengths = [1, 6, 3, 9, 4, 2, 7]
+    seqs = [rng.standard_normal((n, 5)).astype(dtype) for n in lengths]
+    if dtype == np.float64:
+        model = model.double()
+    clean = model.smooth_flat(np.concatenate(seqs), np.array(lengths))
+    bad = {0: (0, 2, np.nan), 1: (5, 4, np.inf), 3: (0, 0, -np.inf), 5: (1, 4, np.nan)}
+    for j, (t, f, v) in bad.items():
+        seqs[j] = seqs[j].copy()
+        seqs[j][t, f] = v
+    finite = np.ones(len(lengths), np.bool_)
+    out = model.smooth_flat(np.concatenate(seqs), np.array(lengths), finite)
+    assert np.flatnonzero(~finite).tolist() == sorted(bad)
+    ends = np.cumsum(lengths)
+    for j in range(len(lengths)):
+        if j not in bad:
+            rows = slice(ends[j] - lengths[j], ends[j])
+            np.testing.assert_array_equal(out[rows], clean[rows])
+    # one value among many, and a large finite value is not flagged
+    big = np.full((4000, 5), np.finfo(dtype).max / 2, dtype)
+    finite = np.zeros(2, np.bool_)
+    model.smooth_flat(big, np.array([1999, 2001]), finite)
+    assert finite.tolist() == [True, True]
+    big[3000, 1] = np.nan
+    model.smooth_flat(big, np.array([1999, 2001]), finite)
+    assert finite.tolist() == [True, False]
+
+
 def test_smooth_flat_refuses_rows_that_do_not_fit() -> None:
     model = make_model(4)
     with pytest.raises(ValueError, match=r"\[N, 4\]"):

@@ -1,0 +1,62 @@
+"""The NaN and infinity check of binary bodies, left to a model that checks as it runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from safetensors.numpy import save
+
+from models.packing import FlatSequences
+from service import wire
+from service.validation import Limits, RequestError
+
+LIMITS = Limits(256, 100_000, 1_000_000)
+
+
+def _body(data: np.ndarray, lengths: list[int]) -> bytes:
+    return save({"sequences": data, "lengths": np.array(lengths, np.int64)})
+
+
+def test_a_binary_body_left_unchecked_keeps_its_values_and_a_checked_one_is_refused() -> None:
+    data = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)
+    data[3, 2] = np.inf
+    decoded = wire.decode(_body(data, [2, 3]), wire.SAFETENSORS, "sequences", LIMITS)
+    assert decoded is not None
+    seqs = decoded.sequences(3, "m", check_finite=False)
+    np.testing.assert_array_equal(seqs.data, data)
+    assert seqs.lengths.tolist() == [2, 3]
+    with pytest.raises(RequestError) as err:
+        decoded.sequences(3, "m")
+    assert err.value.loc == ("sequences", 1, 1, 2)
+    # the other checks still run when the finite check is left to the model
+    with pytest.raises(RequestError) as err:
+        decoded.sequences(4, "m", check_finite=False)
+    assert err.value.type == "wrong_feature_count"
+
+
+def test_json_bodies_are_checked_whatever_the_caller_asks() -> None:
+    decoded = wire.decode(b'{"sequences": [[[1, 2]], [[1e39, 0]]]}', None, "sequences", LIMITS)
+    assert decoded is not None
+    with pytest.raises(RequestError) as err:
+        decoded.sequences(2, "m", check_finite=False)
+    assert (err.value.type, err.value.loc) == ("non_finite", ("sequences", 1, 0, 0))
+
+
+@pytest.mark.parametrize(
+    ("where", "loc"),
+    [((0, 0), ("s", 0, 0, 0)), ((4, 1), ("s", 1, 2, 1)), ((8, 1), ("s", 2, 0, 1))],
+)
+def test_non_finite_error_names_the_first_bad_value(where: tuple[int, int], loc: tuple) -> None:
+    data = np.ones((9, 2), np.float32)
+    data[where] = np.nan
+    data[8, 0] = -np.inf if where != (8, 1) else 1.0  # a later one does not matter
+    err = wire.non_finite_error(FlatSequences(data, np.array([2, 6, 1])), "s")
+    assert (err.status, err.type, err.loc) == (422, "non_finite", loc)
+    assert err.message == f"sequence {loc[1]}, step {loc[2]}, feature {loc[3]}: " + (
+        "value is not a finite number"
+    )
+
+
+def test_non_finite_error_without_a_bad_value_still_refuses_the_request() -> None:
+    err = wire.non_finite_error(FlatSequences(np.ones((3, 2), np.float32), np.array([3])), "s")
+    assert (err.status, err.type, err.loc) == (422, "non_finite", ("s",))
