@@ -5,25 +5,28 @@ a CDN) with pages whose scripts and styles come from the ``fastapi-offline`` pac
 under ``/docs/assets``, so the docs work on a host without internet access. ``/openapi.json`` is
 built once the models are loaded (:func:`refresh`, from the app's lifespan): the request
 schemas carry the served models' feature counts, names and the configured limits, with
-examples that succeed as given.
+examples that succeed as given; each served model also has its own path
+``/models/<name>/infer`` with its input and output widths. The 200 examples are the models' real
+answers to those requests, computed at start-up (:mod:`service.examples`).
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.resources
-import math
 import re
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from service import defaults, wire
+from service import defaults, examples, wire
 from service.config import Settings, package_version
 from service.metrics import CONTENT_TYPE
 from service.runtime import ServedInfo
@@ -148,10 +151,9 @@ def build(app: FastAPI, served: Mapping[str, ServedInfo], settings: Settings) ->
         _inference(paths["/smooth"]["post"], "smoother", "sequences", "sequences", served, settings)
     if "/rollout" in paths:
         _inference(paths["/rollout"]["post"], "traveller", "inputs", "positions", served, settings)
-        _ndjson(paths["/rollout"]["post"])
-    for path, ops in paths.items():
-        if path.startswith("/models/") and "post" in ops:
-            _binary_answer(ops["post"], "outputs")
+        _ndjson(paths["/rollout"]["post"], served, settings)
+    if "/models/{name}/infer" in paths:
+        _infer_paths(paths, served, settings)
     if "/metrics" in paths:
         _metrics(paths["/metrics"]["get"])
     if "/readyz" in paths:
@@ -209,18 +211,46 @@ def _error_descriptions(op: dict[str, Any]) -> None:
             response["description"] += " (type: " + ", ".join(types) + ")"
 
 
-def _example_rows(length: int, width: int, seed: int) -> list[list[float]]:
-    return [
-        [round(math.sin(0.7 * seed + 0.3 * t + 0.5 * f), 2) for f in range(width)]
-        for t in range(length)
-    ]
+def _example(m: ServedInfo) -> dict[str, Any] | None:
+    """The model's documented request and its real answer, if the runtime computed it."""
+    example = m.info.get("example")
+    return example if isinstance(example, dict) else None
 
 
-def _example_outputs(field: str, lengths: tuple[int, ...]) -> list[list[list[float]]]:
-    width = 2
-    return [
-        [[round(math.tanh(0.1 * (i + t + f + 1)), 4) for f in range(width)] for t in range(n)]
-        for i, n in enumerate(lengths)
+def _answer_examples(
+    out_field: str, requests: dict[str, tuple[str, str]], served: Mapping[str, ServedInfo]
+) -> dict[str, Any]:
+    """200 examples named like the request examples: each the model's real answer."""
+    answers: dict[str, Any] = {}
+    for key, (name, summary) in requests.items():
+        example = _example(served[name])
+        if example is not None:
+            answers[key] = {
+                "summary": summary,
+                "value": {"model": name, out_field: example["outputs"]},
+            }
+    return answers
+
+
+def _timeout_headers(op: dict[str, Any], settings: Settings) -> None:
+    params = op.setdefault("parameters", [])
+    params += [
+        {
+            "name": "X-Request-Timeout",
+            "in": "header",
+            "required": False,
+            "description": "Seconds this request may take; can only shorten the server's "
+            f"request_timeout_s ({settings.request_timeout_s:g} s). 504 after.",
+            "schema": {"type": "number", "exclusiveMinimum": 0},
+        },
+        {
+            "name": "X-Request-Id",
+            "in": "header",
+            "required": False,
+            "description": "Your id for this request (printable ASCII, up to 128 characters); "
+            "echoed back and written in the server's log. Generated when absent.",
+            "schema": {"type": "string", "maxLength": 128},
+        },
     ]
 
 
@@ -283,22 +313,24 @@ def _inference(
         f"N sequences of T_i steps of {width_text} each, and optionally the model's name."
     )
     body["title"] = body.get("title", "Request")
-    examples: dict[str, Any] = {}
-    lengths = (3, 2)
+    requests: dict[str, Any] = {}
+    answered: dict[str, tuple[str, str]] = {}  # example name -> (model, summary)
+    steps_text = " and ".join(str(n) for n in examples.LENGTHS)
     if default is not None:
-        examples["default model"] = {
-            "summary": f"two sequences (3 and 2 steps) for the default model {default}",
-            "value": {
-                field: [_example_rows(n, of_kind[default], i) for i, n in enumerate(lengths)]
-            },
+        summary = f"two sequences ({steps_text} steps) for the default model {default}"
+        requests["default model"] = {
+            "summary": summary,
+            "value": {field: examples.example_inputs(of_kind[default])},
         }
+        answered["default model"] = (default, f"{default}'s answer")
     for name, dim in of_kind.items():
-        examples[f"model {name}"] = {
-            "summary": f"one sequence of 4 steps for {name}",
-            "value": {field: [_example_rows(4, dim, 0)], "model": name},
+        requests[f"model {name}"] = {
+            "summary": f"two sequences ({steps_text} steps) for {name}",
+            "value": {field: examples.example_inputs(dim), "model": name},
         }
-    if examples:
-        content["application/json"]["examples"] = examples
+        answered[f"model {name}"] = (name, f"{name}'s answer")
+    if requests:
+        content["application/json"]["examples"] = requests
     content[wire.SAFETENSORS]["schema"]["description"] = (
         f"a safetensors file: float32 tensor '{field}' [sum T_i, {width or 'F'}] (the sequences "
         "one after another), int64 tensor 'lengths' [N], optional metadata 'model'"
@@ -310,37 +342,121 @@ def _inference(
         + (" or application/x-ndjson (streamed positions)." if kind == "traveller" else ".")
     )
     ok = op["responses"]["200"]
-    ok["content"]["application/json"]["example"] = {
-        "model": default or (next(iter(of_kind)) if of_kind else kind),
-        out_field: (
-            _example_outputs(out_field, lengths)
-            if kind == "traveller"
-            else [_example_rows(n, width or 2, i + 5) for i, n in enumerate(lengths)]
-        ),
-    }
+    answers = _answer_examples(out_field, answered, served)
+    if answers:
+        ok["content"]["application/json"]["examples"] = answers
     ok["description"] = (
-        f"one output sequence per input sequence, in order ({out_field}; values illustrative)"
+        f"one output sequence per input sequence, in order ({out_field}); the examples are "
+        "the served models' real answers to the request examples"
     )
     _binary_answer(op, out_field)
-    params = op.setdefault("parameters", [])
-    params += [
-        {
-            "name": "X-Request-Timeout",
-            "in": "header",
-            "required": False,
-            "description": "Seconds this request may take; can only shorten the server's "
-            f"request_timeout_s ({settings.request_timeout_s:g} s). 504 after.",
-            "schema": {"type": "number", "exclusiveMinimum": 0},
-        },
-        {
-            "name": "X-Request-Id",
-            "in": "header",
-            "required": False,
-            "description": "Your id for this request (printable ASCII, up to 128 characters); "
-            "echoed back and written in the server's log. Generated when absent.",
-            "schema": {"type": "string", "maxLength": 128},
-        },
-    ]
+    _timeout_headers(op, settings)
+
+
+def _infer_paths(
+    paths: dict[str, Any], served: Mapping[str, ServedInfo], settings: Settings
+) -> None:
+    """``POST /models/{name}/infer`` with the limits, and one path per served model with its
+    own input and output widths, an example request and its real answer."""
+    generic = paths["/models/{name}/infer"]["post"]
+    inputs = generic["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    inputs["inputs"]["maxItems"] = settings.max_sequences_per_request
+    inputs["inputs"]["items"]["maxItems"] = settings.max_sequence_length
+    names = sorted(served)
+    generic["parameters"][0]["description"] = (
+        f"a served model: {', '.join(names) or 'none yet'}; each also has its own path "
+        "/models/<name>/infer below, with its widths and an example"
+    )
+    generic["description"] = (
+        "Runs any served model (smoothers, Travellers, your own recurrent and TorchScript "
+        "models) over N sequences at once; concurrent requests share batches. Send JSON or "
+        "safetensors (tensors 'inputs' and 'lengths'); the answer is JSON unless Accept asks "
+        "for application/x-safetensors."
+    )
+    _binary_answer(generic, "outputs")
+    _timeout_headers(generic, settings)
+    taken = {op.get("operationId") for ops in paths.values() for op in ops.values()}
+    for name in names:
+        m = served[name]
+        op = copy.deepcopy(generic)
+        op["parameters"] = [p for p in op["parameters"] if p.get("in") != "path"]
+        op_id = "infer_" + re.sub(r"\W", "_", name)
+        while op_id in taken:
+            op_id += "_"
+        taken.add(op_id)
+        op["operationId"] = op_id
+        shapes = m.info.get("shapes", {})
+        out_width = shapes.get("output", [None, None])[1] if isinstance(shapes, dict) else None
+        out_text = f"{out_width} outputs" if isinstance(out_width, int) else "its outputs"
+        op["summary"] = f"Run {name} ({m.kind}: {m.input_dim} features -> {out_text} per step)"
+        op["description"] = (
+            f"Runs the {m.kind} model {name} over N sequences of {m.input_dim} features per "
+            f"step; the answer holds one sequence of {out_text} per step for each. "
+            + generic["description"].split(" at once; ", 1)[1]
+        )
+        body = op["requestBody"]["content"]["application/json"]
+        schema = body["schema"]
+        schema["description"] = f"N sequences of T_i steps of {m.input_dim} features each."
+        seqs = schema["properties"]["inputs"]
+        seqs["items"]["items"]["minItems"] = seqs["items"]["items"]["maxItems"] = m.input_dim
+        seqs["description"] = (
+            f"N sequences (1 to {settings.max_sequences_per_request}), each a list of T_i steps "
+            f"(1 to {settings.max_sequence_length}; at most {settings.max_request_timesteps} "
+            f"steps in the whole request), each step a list of {m.input_dim} numbers."
+        )
+        schema["properties"]["model"] = {
+            "type": "string",
+            "enum": [name],
+            "title": "Model",
+            "description": "Optional; if given, it must be this path's model.",
+        }
+        steps_text = " and ".join(str(n) for n in examples.LENGTHS)
+        summary = f"two sequences ({steps_text} steps) of {m.input_dim} features"
+        body["examples"] = {
+            "example": {
+                "summary": summary,
+                "value": {"inputs": examples.example_inputs(m.input_dim)},
+            }
+        }
+        binary = op["requestBody"]["content"][wire.SAFETENSORS]["schema"]
+        binary["description"] = (
+            f"a safetensors file: float32 tensor 'inputs' [sum T_i, {m.input_dim}] (the "
+            "sequences one after another), int64 tensor 'lengths' [N]"
+        )
+        ok = op["responses"]["200"]
+        answer: dict[str, Any] = {
+            "type": "object",
+            "title": f"{name} answer",
+            "properties": {
+                "model": {"type": "string", "enum": [name]},
+                "outputs": {
+                    "type": "array",
+                    "description": f"N sequences, each [T_i][{out_width or 'outputs'}] numbers",
+                    "items": {
+                        "type": "array",
+                        "items": {"type": "array", "items": {"type": "number"}},
+                    },
+                },
+            },
+            "required": ["model", "outputs"],
+        }
+        if isinstance(out_width, int):
+            step = answer["properties"]["outputs"]["items"]["items"]
+            step["minItems"] = step["maxItems"] = out_width
+        ok["content"]["application/json"] = {"schema": answer}
+        example = _example(m)
+        if example is not None:
+            ok["content"]["application/json"]["examples"] = {
+                "example": {
+                    "summary": f"{name}'s answer to the request example",
+                    "value": {"model": name, "outputs": example["outputs"]},
+                }
+            }
+        ok["description"] = (
+            "one output sequence per input sequence, in order; the example is the model's real "
+            "answer to the request example"
+        )
+        paths[f"/models/{urllib.parse.quote(name, safe='')}/infer"] = {"post": op}
 
 
 def _binary_answer(op: dict[str, Any], out_field: str) -> None:
@@ -358,7 +474,7 @@ def _binary_answer(op: dict[str, Any], out_field: str) -> None:
     }
 
 
-def _ndjson(op: dict[str, Any]) -> None:
+def _ndjson(op: dict[str, Any], served: Mapping[str, ServedInfo], settings: Settings) -> None:
     line = {
         "oneOf": [
             {
@@ -396,11 +512,21 @@ def _ndjson(op: dict[str, Any]) -> None:
         "of positions per sequence per chunk of steps, then a done line (or an error line if "
         "the rollout failed or its deadline passed)",
     }
-    example = (
-        '{"sequence":0,"start":0,"positions":[[0.0904,0.0782],[0.0964,0.0887]]}\n'
-        '{"model":"traveller","done":true}\n'
-    )
-    op["responses"]["200"]["content"][NDJSON] = {"schema": line, "example": example}
+    media: dict[str, Any] = {"schema": line}
+    default = defaults.default_model(served, "traveller", settings)
+    example = _example(served[default]) if default is not None and default in served else None
+    if example is not None:  # the real stream of the default model's answer
+        k = settings.rollout_chunk_steps
+        outputs = example["outputs"]
+        lines = [
+            orjson.dumps({"sequence": i, "start": start, "positions": y[start : start + k]})
+            for start in range(0, max(map(len, outputs)), k)
+            for i, y in enumerate(outputs)
+            if start < len(y)
+        ]
+        lines.append(orjson.dumps({"model": default, "done": True}))
+        media["example"] = b"".join(line + b"\n" for line in lines).decode()
+    op["responses"]["200"]["content"][NDJSON] = media
 
 
 def _metrics(op: dict[str, Any]) -> None:

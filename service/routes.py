@@ -619,10 +619,13 @@ async def _ndjson(
             )
         code = "200"
         yield orjson.dumps({"model": model, "done": True}, option=orjson.OPT_APPEND_NEWLINE)
-    except Exception:
+    except Exception as exc:
         code = "500"
-        log.exception("%s stream failed", endpoint)
-        error = {"detail": "internal server error; see the server log", "type": "internal"}
+        rid = REQUEST_ID.get()
+        if not was_logged(exc):  # the scheduler logs a model's failure once, with the ids
+            log.exception("%s stream failed (request %s)", endpoint, rid)
+        error = {"detail": f"internal server error; see the server log (request {rid})",
+                 "type": "internal"}  # fmt: skip
         yield orjson.dumps({"error": error}, option=orjson.OPT_APPEND_NEWLINE)
     finally:
         # also when the server cancels us (the client went away): account first, then make

@@ -28,6 +28,7 @@ from models.packing import FlatSequences, active_fraction, pack_flat, plan, unpa
 from models.recurrent import RecurrentModel
 from models.smoothing import LinearRecursion
 from models.traveller import Traveller
+from service import examples
 from service.batching import DynamicBatcher, ItemError, TimedResults, is_out_of_memory
 from service.config import Settings
 from service.metrics import Metrics
@@ -195,10 +196,13 @@ class ModelRuntime:
             )
             try:
                 module = await loop.run_in_executor(executor, self._load_and_warm, name)
+                example = await loop.run_in_executor(executor, self._example, name, module)
             except BaseException:
                 executor.shutdown(wait=False)
                 raise
             self.models[name] = self._serve(name, module, executor)
+            # the documented request and its real answer (GET /models, /openapi.json)
+            self.models[name].info["example"] = example
         for served in self.models.values():
             served.batcher.start()
         log.info("serving %s on %s", ", ".join(sorted(self.models)), self.device)
@@ -243,6 +247,23 @@ class ModelRuntime:
                     chunked.advance([], [])
         log.info("loaded and warmed %s in %.2f s", name, time.perf_counter() - started)
         return module
+
+    def _example(self, name: str, module: nn.Module) -> dict[str, Any]:
+        """The model's answer to the documented example request, computed the way a lone
+        request is (its own batch; rollouts a chunk at a time when scheduled so), on the
+        model's worker thread and outside the batcher (no metrics)."""
+        inputs = examples.example_inputs(_input_dim(module))
+        arrays = examples.as_arrays(inputs)
+        outputs: Any
+        if isinstance(module, Traveller) and self.settings.rollout_scheduling == "continuous":
+            chunked = ChunkedRollout(module, self.device, self.settings.rollout_chunk_steps)
+            done, _, _ = chunked.advance([(0, arrays)], [])
+            while chunked.running_sequences:
+                done, _, _ = chunked.advance([], [])
+            outputs = done[0]
+        else:
+            [outputs] = self._compute(name, module, [FlatSequences.from_arrays(arrays)], False)
+        return {"inputs": inputs, "outputs": examples.as_json(outputs)}
 
     def _serve(self, name: str, module: nn.Module, executor: ThreadPoolExecutor) -> ServedModel:
         s = self.settings

@@ -7,23 +7,25 @@ routes use of ``ModelRuntime`` (``get``, ``infer``, ``open_stream``, ``models``,
 ``available``) and raises the same errors. Parsing and serialising stay in the workers: only
 flat float32 rows and their lengths cross the boundary, never JSON.
 
-A frame is a little-endian ``u32`` byte count, a fixed header (op, error code, request id,
-byte counts) and three sections: a UTF-8 text (the model name, an error message, a JSON
-hello), an int64 array and a float32 ``[rows, width]`` array, sent as raw bytes. Many requests
-share one connection, told apart by their id:
+A frame is a little-endian ``u32`` byte count, a fixed header (op, error code, flags, call
+id, byte counts) and three sections: a UTF-8 text (the model name and the HTTP request's
+``X-Request-Id``, an error message, a JSON hello), an int64 array and a float32 ``[rows,
+width]`` array, sent as raw bytes. Many requests share one connection, told apart by their call
+id. The engine logs a model's failure with the HTTP request ids (as a single-process server
+does) and flags the ERROR frame :data:`LOGGED`, so the worker does not log it a second time:
 
 =========== ============== =============================================================
 op          direction      sections
 =========== ============== =============================================================
 HELLO       both           worker: nothing; engine: JSON ``{"pid", "models": [...]}``
-INFER       worker->engine model name, lengths ``[N]``, rows ``[sum T_i, F]``
+INFER       worker->engine ``model\\0request id``, lengths ``[N]``, rows ``[sum T_i, F]``
 STREAM      worker->engine the same; answered ACCEPTED, PROGRESS..., END (or ERROR)
 CANCEL      worker->engine nothing: the caller went away, drop the request's work
 RESULT      engine->worker lengths, output rows
 ACCEPTED    engine->worker nothing: the stream is queued
 PROGRESS    engine->worker ``(index, first step, steps)`` per piece, the pieces' rows
 END         engine->worker nothing: the stream is complete
-ERROR       engine->worker error code (which exception) and its message
+ERROR       engine->worker error code (which exception), flags, its message
 =========== ============== =============================================================
 
 The rows are copied once each way (into the socket and out of it); a measured cost per MB is in
@@ -49,14 +51,15 @@ import numpy as np
 import orjson
 
 from models.packing import FlatSequences
-from service.batching import BatcherClosed, QueueFull
+from service.batching import REQUEST_ID, BatcherClosed, QueueFull, mark_logged, was_logged
 from service.runtime import Runtime, StreamingUnavailable, UnknownModel
 from service.stepping import Piece
 
 log = logging.getLogger(__name__)
 
 PREFIX = struct.Struct("<I")  # bytes of the frame after the prefix
-HEADER = struct.Struct("<BBxxQIIII")  # op, code, request id, text bytes, ints, rows, width
+HEADER = struct.Struct("<BBBxQIIII")  # op, code, flags, call id, text bytes, ints, rows, width
+LOGGED = 1  # flags of an ERROR frame: the engine logged the failure with the request ids
 MAX_FRAME = 2**32 - 1
 STREAM_LIMIT = 16 * 2**20  # asyncio stream buffer: big frames arrive in few reads
 
@@ -127,6 +130,7 @@ class Frame:
     text: bytes = b""
     ints: np.ndarray = field(default_factory=lambda: _NO_INTS)
     rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)
+    flags: int = 0
 
     def buffers(self) -> list[bytes | memoryview]:
         """The encoded frame as buffers to write one after another (the arrays not copied)."""
@@ -138,7 +142,14 @@ class Frame:
         if size > MAX_FRAME:
             raise FrameError(f"frame of {size} bytes is over the {MAX_FRAME} limit")
         head = PREFIX.pack(size) + HEADER.pack(
-            self.op, self.code, self.id, len(self.text), len(ints), rows.shape[0], rows.shape[1]
+            self.op,
+            self.code,
+            self.flags,
+            self.id,
+            len(self.text),
+            len(ints),
+            rows.shape[0],
+            rows.shape[1],
         )
         out: list[bytes | memoryview] = [head]
         if self.text:
@@ -157,7 +168,7 @@ def decode(body: bytes) -> Frame:
     """A frame from its bytes after the length prefix; the arrays are views of ``body``."""
     if len(body) < HEADER.size:
         raise FrameError(f"frame of {len(body)} bytes is shorter than its header")
-    op, code, rid, n_text, n_ints, n_rows, width = HEADER.unpack_from(body)
+    op, code, flags, rid, n_text, n_ints, n_rows, width = HEADER.unpack_from(body)
     ints_at = HEADER.size + n_text
     rows_at = ints_at + 8 * n_ints
     if rows_at + 4 * n_rows * width != len(body):
@@ -173,7 +184,7 @@ def decode(body: bytes) -> Frame:
     ints = np.frombuffer(body, "<i8", n_ints, ints_at) if n_ints else _NO_INTS
     count = n_rows * width
     flat = np.frombuffer(body, "<f4", count, rows_at) if count else np.empty(0, np.float32)
-    return Frame(kind, rid, code, text, ints, flat.reshape(n_rows, width))
+    return Frame(kind, rid, code, text, ints, flat.reshape(n_rows, width), flags)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
@@ -191,21 +202,39 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
 def error_frame(rid: int, exc: BaseException) -> Frame:
     code = next((c for t, c in _CODES.items() if isinstance(exc, t)), Code.INTERNAL)
     text = str(exc) if code != Code.INTERNAL else f"{type(exc).__name__}: {exc}"
-    return Frame(Op.ERROR, rid, code, text.encode())
+    return Frame(Op.ERROR, rid, code, text.encode(), flags=LOGGED if was_logged(exc) else 0)
 
 
 def frame_error(frame: Frame) -> Exception:
-    """The exception an ERROR frame stands for, of the class the engine raised."""
+    """The exception an ERROR frame stands for, of the class the engine raised (marked as
+    logged when the engine logged it)."""
     message = frame.text.decode(errors="replace")
     try:
         cls = _EXCEPTIONS.get(Code(frame.code), EngineError)
     except ValueError:
         cls = EngineError
-    return cls(message)
+    exc = cls(message)
+    if frame.flags & LOGGED:
+        mark_logged(exc)
+    return exc
 
 
-def request_frame(op: Op, rid: int, model: str, sequences: FlatSequences) -> Frame:
-    return Frame(op, rid, text=model.encode(), ints=sequences.lengths, rows=sequences.data)
+def request_frame(
+    op: Op, rid: int, model: str, sequences: FlatSequences, request_id: str | None = None
+) -> Frame:
+    """An INFER or STREAM frame; ``request_id``: the HTTP request's id, for the engine's log."""
+    text = model if request_id is None else f"{model}\0{request_id}"
+    return Frame(op, rid, text=text.encode(), ints=sequences.lengths, rows=sequences.data)
+
+
+def request_of(frame: Frame) -> tuple[str, str | None, FlatSequences]:
+    """The model name, the HTTP request id (None if the worker sent none) and the rows of an
+    INFER or STREAM frame."""
+    try:
+        name, _, request_id = frame.text.decode().partition("\0")
+        return name, request_id or None, FlatSequences(frame.rows, frame.ints)
+    except ValueError as exc:
+        raise FrameError(str(exc)) from None
 
 
 def progress_frame(rid: int, pieces: list[Piece]) -> Frame:
@@ -277,16 +306,10 @@ class _Connection:
         ]
         return orjson.dumps({"pid": os.getpid(), "models": served})
 
-    @staticmethod
-    def _request(frame: Frame) -> tuple[str, FlatSequences]:
-        try:
-            return frame.text.decode(), FlatSequences(frame.rows, frame.ints)
-        except ValueError as exc:
-            raise FrameError(str(exc)) from None
-
     async def _infer(self, frame: Frame) -> None:
         try:
-            name, sequences = self._request(frame)
+            name, request_id, sequences = request_of(frame)
+            REQUEST_ID.set(request_id)  # this task's own context: the batcher logs with it
             out = await self.runtime.infer(name, sequences)
             reply = Frame(Op.RESULT, frame.id, ints=out.lengths, rows=out.data)
         except asyncio.CancelledError:
@@ -297,7 +320,8 @@ class _Connection:
 
     async def _stream(self, frame: Frame) -> None:
         try:
-            name, sequences = self._request(frame)
+            name, request_id, sequences = request_of(frame)
+            REQUEST_ID.set(request_id)
             pieces = await self.runtime.open_stream(name, sequences)
         except Exception as exc:
             await self._reply(error_frame(frame.id, exc))
@@ -594,7 +618,8 @@ class RemoteRuntime:
         if streaming:
             call.queue = asyncio.Queue()
         self._calls[rid] = call
-        self._writer.writelines(request_frame(op, rid, name, sequences).buffers())
+        frame = request_frame(op, rid, name, sequences, REQUEST_ID.get())
+        self._writer.writelines(frame.buffers())
         return rid, call
 
     async def _drain(self) -> None:

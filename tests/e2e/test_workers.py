@@ -10,6 +10,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -22,6 +23,7 @@ import pytest
 
 from service.app import create_app
 from service.config import Settings
+from tests.e2e import rawhttp
 from tests.e2e.server import Server, start_server, stop
 from tests.e2e.test_disconnect import STEPS, hang_up_during_rollout
 from tests.metrics import value
@@ -263,3 +265,117 @@ def test_the_engine_dying_gives_503_and_stops_the_server(tmp_path: Path) -> None
     assert 200 not in ready, ready
     assert srv.proc.wait(timeout=60) == 1
     assert "the engine process died" in srv.log.read_text()
+
+
+# The engine process of this server's smoother fails on any batch holding the value 666
+# (sitecustomize is imported by every Python process started with this folder on PYTHONPATH,
+# the spawned engine included; a real server process has no test hook of its own).
+POISON_SITE = """
+import numpy as np
+from models.smoothing import LinearRecursion
+
+_real = LinearRecursion.smooth_flat
+
+
+def _flaky(self, data, *args, **kwargs):
+    if (np.asarray(data) == 666.0).any():
+        raise RuntimeError("simulated kernel fault")
+    return _real(self, data, *args, **kwargs)
+
+
+LinearRecursion.smooth_flat = _flaky
+"""
+
+
+def test_a_poison_request_is_logged_once_with_its_request_id(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(POISON_SITE)
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    flags = ("--workers", "2", "--max-delay-ms", "300", "--max-batch-size", "8")
+    srv = start_server(tmp_path, *flags, env={"PYTHONPATH": path})
+
+    async def scenario() -> list[httpx.Response]:
+        async with clients_per_worker(srv.url, per_worker=4) as pinned:
+            clients = [c for pair in zip(*pinned, strict=True) for c in pair]  # a, b, a, b...
+            sent = [
+                client.post(
+                    "/smooth",
+                    json={"sequences": [[[666.0 if i == 5 else 0.5] * 16] * (i + 1)]},
+                    headers={"X-Request-Id": f"poison-w-{i}"},
+                )
+                for i, client in enumerate(clients)
+            ]
+            return await asyncio.gather(*sent)
+
+    try:
+        responses = asyncio.run(scenario())
+    finally:
+        stop(srv)
+    assert [r.status_code for r in responses] == [200] * 5 + [500] + [200] * 2
+    assert "poison-w-5" in responses[5].json()["detail"]
+    assert len({r.headers[HEADER] for r in responses}) == 2  # both workers sent some
+    lines = srv.log.read_text().splitlines()
+    failed = [line for line in lines if "failed" in line and "poison-w-" in line]
+    # the final failure, in the engine's log, names the poison request; logged once
+    final = [line for line in failed if "ERROR" in line]
+    assert len(final) == 1, failed
+    assert final[0].endswith("failed; requests poison-w-5"), final
+    # every split along the way names the requests of the batch that failed
+    splits = [line for line in failed if "retrying each half apart" in line]
+    assert splits, failed
+    assert all("poison-w-5" in line for line in splits), failed
+    assert not any("requests -" in line or ",-" in line for line in failed), failed
+    # one traceback (the engine's), none from the worker that answered 500
+    assert sum(line.startswith("Traceback") for line in lines) == 1, lines
+    assert not any("smooth failed" in line for line in lines), lines
+
+
+def test_the_memory_budget_is_per_worker(tmp_path: Path) -> None:
+    """``max_inflight_bytes`` bounds each HTTP worker's held bytes: with 2 workers, twice it in
+    all (the engine holds the rows of queued and running requests on top)."""
+    budget, size = 1_000_000, 700_000  # one held request fits a worker's budget, two do not
+    srv = start_server(
+        tmp_path,
+        *("--workers", "2", "--max-inflight-bytes", str(budget)),
+        *("--max-request-bytes", str(budget)),
+    )
+    body = b'{"sequences": [[[0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]]]}'  # noqa: E501
+    body = body.ljust(size)  # JSON may end in spaces
+    socks: dict[str, list[socket.socket]] = {}
+    spare: list[socket.socket] = []  # kept open, as a busy worker leaves the next to the other
+    try:
+        deadline = time.monotonic() + 60  # the second worker may still be starting
+        while time.monotonic() < deadline:  # two keep-alive connections on each worker
+            time.sleep(0.02)
+            sock = rawhttp.connect(srv.url)
+            status, headers, _ = rawhttp.get(sock, "/healthz")
+            assert status == 200
+            mine = socks.setdefault(headers[HEADER], [])
+            (mine if len(mine) < 2 else spare).append(sock)
+            if len(socks) == 2 and all(len(s) == 2 for s in socks.values()):
+                break
+        assert [len(s) for s in socks.values()] == [2, 2], socks
+        (a1, a2), (b1, b2) = socks.values()
+        for sock in (a1, b1):  # one request held on each worker, its body half-sent
+            sock.sendall(rawhttp.post_head("/smooth", size) + body[:1000])
+        deadline = time.monotonic() + 30
+        while value(metrics(srv.url), "rnnserve_request_bytes_in_flight") < 2 * size:
+            assert time.monotonic() < deadline, "the held requests never took their bytes"
+            time.sleep(0.02)
+        assert 2 * size > budget  # held in all: more than one budget
+        for sock in (a2, b2):  # each worker's own budget is full
+            sock.sendall(rawhttp.post_head("/smooth", size))
+            status, headers, answer = rawhttp.read_response(sock)
+            assert status == 503, answer
+            assert orjson.loads(answer)["type"] == "overloaded"
+            assert headers["retry-after"] == "1"
+        for sock in (a1, b1):  # the held ones are served once their bodies arrive
+            sock.sendall(body[1000:])
+            status, _, answer = rawhttp.read_response(sock)
+            assert status == 200, answer
+        assert value(metrics(srv.url), "rnnserve_request_bytes_in_flight") == 0
+    finally:
+        for sock in [*spare, *(s for group in socks.values() for s in group)]:
+            sock.close()
+        stop(srv)

@@ -40,17 +40,76 @@ async def test_docs_pages_use_only_local_assets(client: httpx.AsyncClient, page:
         assert len(got.content) > 1000, url
 
 
-async def test_every_example_succeeds_as_given(client: httpx.AsyncClient) -> None:
+async def post_every_example(client: httpx.AsyncClient) -> list[str]:
+    """POST each request example of /openapi.json: 200, and the answer is exactly the 200
+    example of the same name (the model's real answer, not an illustration)."""
     schema = (await client.get("/openapi.json")).json()
-    posted = 0
+    posted = []
     for path, ops in schema["paths"].items():
         for method, op in ops.items():
             content = op.get("requestBody", {}).get("content", {}).get("application/json", {})
             for name, example in content.get("examples", {}).items():
+                answers = op["responses"]["200"]["content"]["application/json"]["examples"]
                 r = await client.request(method, path, json=example["value"])
                 assert r.status_code == 200, (path, name, r.text)
-                posted += 1
-    assert posted >= 4  # a default and a named example per endpoint
+                assert name in answers, (path, name)
+                assert r.json() == answers[name]["value"], (path, name)
+                posted.append(f"{path} {name}")
+    return posted
+
+
+async def test_every_example_succeeds_as_given_and_answers_as_documented(
+    client: httpx.AsyncClient,
+) -> None:
+    posted = await post_every_example(client)
+    # a default and a named example per endpoint, and one per model's own path
+    assert len(posted) == 6, posted
+    assert "/models/smoother/infer example" in posted
+    assert "/models/traveller/infer example" in posted
+
+
+async def test_every_example_answers_as_documented_with_batch_rollouts(
+    app_client: AppClient,
+) -> None:
+    async with app_client(rollout_scheduling="batch") as (_, client):
+        assert len(await post_every_example(client)) == 6
+
+
+async def test_the_streamed_rollout_example_is_the_real_stream(app_client: AppClient) -> None:
+    async with app_client(rollout_chunk_steps=2) as (_, client):
+        schema = (await client.get("/openapi.json")).json()
+        op = schema["paths"]["/rollout"]["post"]
+        request = op["requestBody"]["content"]["application/json"]["examples"]["default model"]
+        r = await client.post(
+            "/rollout", json=request["value"], headers={"accept": "application/x-ndjson"}
+        )
+        assert r.status_code == 200, r.text
+        documented = op["responses"]["200"]["content"]["application/x-ndjson"]["example"]
+        assert r.text == documented
+        assert documented.count("\n") == 4  # steps 0-1 of both sequences, step 2, done
+
+
+async def test_each_model_has_its_own_path_with_its_widths(client: httpx.AsyncClient) -> None:
+    schema = (await client.get("/openapi.json")).json()
+    for name, f_in, f_out in (("smoother", 16, 16), ("traveller", 6, 2)):
+        op = schema["paths"][f"/models/{name}/infer"]["post"]
+        body = op["requestBody"]["content"]["application/json"]["schema"]
+        step = body["properties"]["inputs"]["items"]["items"]
+        assert step["minItems"] == step["maxItems"] == f_in
+        assert body["properties"]["model"]["enum"] == [name]
+        answer = op["responses"]["200"]["content"]["application/json"]["schema"]
+        out_step = answer["properties"]["outputs"]["items"]["items"]
+        assert out_step["minItems"] == out_step["maxItems"] == f_out
+        assert not [p for p in op.get("parameters", []) if p["in"] == "path"]
+        # a wrong width is refused there, naming the model's width
+        r = await client.post(f"/models/{name}/infer", json={"inputs": [[[0.5] * (f_in + 1)]]})
+        assert r.status_code == 422
+        assert r.json()["type"] == "wrong_feature_count"
+        assert f"takes {f_in}" in r.json()["detail"]
+    ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids))
+    generic = schema["paths"]["/models/{name}/infer"]["post"]
+    assert "smoother, traveller" in generic["parameters"][0]["description"]
 
 
 async def test_openapi_document_reflects_the_loaded_models(client: httpx.AsyncClient) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from models.packing import FlatSequences
 from service.app import create_app
-from service.batching import BatcherClosed, QueueFull
+from service.batching import REQUEST_ID, BatcherClosed, QueueFull, mark_logged, was_logged
 from service.cli import settings_environment
 from service.config import Settings
 from service.runtime import ModelRuntime, StreamingUnavailable, UnknownModel
@@ -41,6 +41,8 @@ from service.transport import (
     frame_error,
     progress_frame,
     progress_pieces,
+    request_frame,
+    request_of,
 )
 
 # -- frames ------------------------------------------------------------------------------------
@@ -83,9 +85,9 @@ def test_the_rows_are_not_copied_on_either_side() -> None:
     "body",
     [
         b"\x01\x00",  # shorter than the header
-        HEADER.pack(Op.INFER, 0, 1, 0, 1, 2, 2) + b"\x00" * 8,  # floats missing
-        HEADER.pack(Op.INFER, 0, 1, 3, 0, 0, 0) + b"abcdef",  # bytes left over
-        HEADER.pack(99, 0, 1, 0, 0, 0, 0),  # unknown op
+        HEADER.pack(Op.INFER, 0, 0, 1, 0, 1, 2, 2) + b"\x00" * 8,  # floats missing
+        HEADER.pack(Op.INFER, 0, 0, 1, 3, 0, 0, 0) + b"abcdef",  # bytes left over
+        HEADER.pack(99, 0, 0, 1, 0, 0, 0, 0),  # unknown op
     ],
 )
 def test_bad_frames_are_refused(body: bytes) -> None:
@@ -123,6 +125,23 @@ def test_other_errors_come_back_as_engine_errors() -> None:
     again = frame_error(roundtrip(error_frame(5, ZeroDivisionError("boom"))))
     assert isinstance(again, EngineError)
     assert "ZeroDivisionError: boom" in str(again)
+    assert not was_logged(again)
+
+
+def test_an_error_the_engine_logged_comes_back_marked_as_logged() -> None:
+    exc = ZeroDivisionError("boom")
+    mark_logged(exc)
+    frame = roundtrip(error_frame(5, exc))
+    assert frame.flags == 1
+    assert was_logged(frame_error(frame))  # the worker does not log it a second time
+
+
+@pytest.mark.parametrize("request_id", ["abc-123", None])
+def test_requests_carry_the_http_request_id(request_id: str | None) -> None:
+    frame = roundtrip(request_frame(Op.INFER, 7, "smoother", flat(3, 1), request_id))
+    name, rid, sequences = request_of(frame)
+    assert (name, rid) == ("smoother", request_id)
+    assert sequences.lengths.tolist() == [3, 1]
 
 
 # -- a fake engine ------------------------------------------------------------------------------
@@ -145,6 +164,7 @@ class FakeRuntime:
         self.gate = asyncio.Event()
         self.gate.set()
         self.started: list[int] = []  # rows of each call that started
+        self.request_ids: list[str | None] = []  # REQUEST_ID as each call saw it
         self.cancelled = 0
         self.closed_streams = 0
         self.fail: Exception | None = None
@@ -161,6 +181,7 @@ class FakeRuntime:
     async def infer(self, name: str, sequences: FlatSequences) -> FlatSequences:
         self.get(name)
         self.started.append(sequences.total)
+        self.request_ids.append(REQUEST_ID.get())
         if self.fail is not None:
             raise self.fail
         try:
@@ -172,6 +193,7 @@ class FakeRuntime:
 
     async def open_stream(self, name: str, sequences: FlatSequences) -> AsyncIterator[list[Piece]]:
         self.get(name)
+        self.request_ids.append(REQUEST_ID.get())
         if self.fail is not None:
             raise self.fail
         return self._chunks(sequences)
@@ -307,6 +329,22 @@ async def test_a_failing_model_is_an_engine_error(tmp_path: Path) -> None:
             await remote.infer("m", flat(2))
         fake.fail = None
         assert (await remote.infer("m", flat(2))).total == 2
+
+
+async def test_the_engine_sees_each_calls_http_request_id(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+
+    async def call(request_id: str | None, stream: bool) -> None:
+        REQUEST_ID.set(request_id)  # as the routes set it, in this task's own context
+        if stream:
+            async for _ in await remote.open_stream("m", flat(3)):
+                pass
+        else:
+            await remote.infer("m", flat(2))
+
+    async with engine(tmp_path, fake) as (_, remote):
+        await asyncio.gather(call("req-a", False), call(None, False), call("req-s", True))
+    assert sorted(map(str, fake.request_ids)) == ["None", "req-a", "req-s"]
 
 
 async def test_engine_gone_fails_calls_and_later_ones_at_once(tmp_path: Path) -> None:
