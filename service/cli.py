@@ -35,6 +35,7 @@ from service import engine
 from service.app import ENGINE_SOCKET_ENV, create_app
 from service.config import Settings, package_version, unknown_environment
 from service.logs import configure_logging, settings_line
+from service.protocol import HeaderTimeoutProtocol
 from service.runtime import StartupError, preflight
 
 log = logging.getLogger("rnnserve")
@@ -65,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level=settings.log_level,
         access_log=settings.access_log,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
+        http=HeaderTimeoutProtocol,
+        limit_concurrency=settings.limit_concurrency,
     )
 
 
@@ -176,6 +179,8 @@ def _supervise(settings: Settings, socket_path: str) -> int:
             log_level=settings.log_level,
             access_log=settings.access_log,
             timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
+            http=HeaderTimeoutProtocol,
+            limit_concurrency=settings.limit_concurrency,
         )
     finally:
         # the workers have finished their requests and gone: now the engine drains

@@ -116,11 +116,25 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         30.0, gt=0, description="Longest time to receive a whole request body (408 after)."
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Longest time to receive a request's line and headers, from its first byte "
+        "(from the connection's opening for the first request); then 408 and the connection "
+        "closes (slow or stalled clients).",
+    )
+    limit_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="Most connections or requests open at once per HTTP process; beyond it new "
+        "requests get 503 concurrency_limit. Unset: no limit.",
+    )
     max_inflight_bytes: int = Field(
         512 * 1024 * 1024,
         ge=1,
-        description="Request body bytes being read, parsed, queued and run at once, per "
-        "process, beyond which new requests get 503 overloaded.",
+        description="Request body bytes being read, parsed, queued and run at once, per HTTP "
+        "process (with --workers N, in each worker), beyond which new requests get 503 "
+        "overloaded.",
     )
     api_token: SecretStr | None = Field(
         None,

@@ -56,7 +56,7 @@ ERROR_STATUS: dict[str, int] = {
     "invalid_json": 400, "invalid_safetensors": 400, "invalid_header": 400,
     "unauthorized": 401,
     "unknown_model": 404, "http_error": 404,
-    "body_timeout": 408,
+    "body_timeout": 408, "header_timeout": 408,
     "body_too_large": 413, "too_many_sequences": 413, "sequence_too_long": 413,
     "too_many_timesteps": 413,
     "invalid_request": 422, "empty": 422, "missing": 422, "unknown_field": 422,
@@ -65,7 +65,7 @@ ERROR_STATUS: dict[str, int] = {
     "wrong_model_kind": 422, "cannot_stream": 422,
     "internal": 500,
     "not_ready": 503, "queue_full": 503, "overloaded": 503, "shutting_down": 503,
-    "engine_unavailable": 503, "out_of_memory": 503,
+    "engine_unavailable": 503, "out_of_memory": 503, "concurrency_limit": 503,
     "deadline_exceeded": 504,
 }  # fmt: skip
 

@@ -60,7 +60,7 @@ ErrorType = Literal[
     # 400: the body cannot be read
     "invalid_json", "invalid_safetensors", "invalid_header",
     # 401, 404, 408, 413
-    "unauthorized", "unknown_model", "body_timeout",
+    "unauthorized", "unknown_model", "body_timeout", "header_timeout",
     "body_too_large", "too_many_sequences", "sequence_too_long", "too_many_timesteps",
     # 422: input of the wrong shape or values
     "invalid_request", "empty", "missing", "unknown_field", "wrong_shape", "wrong_dtype",
@@ -69,7 +69,7 @@ ErrorType = Literal[
     "cannot_stream",
     # 503: try again later (Retry-After)
     "not_ready", "queue_full", "overloaded", "shutting_down", "engine_unavailable",
-    "out_of_memory",
+    "out_of_memory", "concurrency_limit",
     # 504, 500, other HTTP errors (405, 404 of a path that does not exist)
     "deadline_exceeded", "internal", "http_error",
 ]  # fmt: skip
@@ -137,13 +137,17 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (400, "body is not JSON or safetensors, or a bad X-Request-Timeout header"),
         (401, "a bearer token is required (when the server has one) and was missing or wrong"),
         (404, "no such model"),
-        (408, "the body did not arrive within body_timeout_s"),
+        (
+            408,
+            "the body (or the request head) did not arrive within body_timeout_s "
+            "(header_timeout_s)",
+        ),
         (413, "request over a configured limit"),
         (422, "input of the wrong shape or values"),
         (
             503,
             "not ready, queue full, overloaded (memory budget), shutting down, engine "
-            "unavailable or out of memory; try again after Retry-After",
+            "unavailable, out of memory or at limit_concurrency; try again after Retry-After",
         ),
         (504, "the request's deadline passed before its answer was ready"),
     )

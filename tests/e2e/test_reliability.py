@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
+from tests.e2e import rawhttp
 from tests.e2e.server import Server, start_server, stop
 
 pytestmark = pytest.mark.e2e
@@ -191,3 +192,111 @@ def test_a_storm_of_large_and_slow_bodies_stays_within_memory(tmp_path: Path) ->
         assert httpx.get(f"{server.url}/readyz").status_code == 200
     finally:
         stop(server)
+
+
+HEAD = b"POST /smooth HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+
+
+def _trickle_head(url: str, first: int | None, gap_s: float, out: dict[str, object]) -> None:
+    """Send the first ``first`` bytes of a request head at once, then one byte every ``gap_s``
+    (a head that never ends; ``None``: send nothing at all); record how long after connecting
+    the server closed the connection, and what it answered."""
+    sock = rawhttp.connect(url, timeout_s=60)
+    sock.settimeout(gap_s)
+    started = time.monotonic()
+    answer = b""
+    try:
+        head = HEAD + b"x-trickle: " + b"a" * 10_000
+        sock.sendall(head[: first or 0])
+        filler = iter(head[first or 0 :])
+        while True:
+            try:
+                got = sock.recv(65536)
+            except TimeoutError:
+                if first is not None:
+                    sock.sendall(bytes([next(filler)]))
+                continue
+            if not got:
+                break
+            answer += got
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    finally:
+        out["elapsed"] = time.monotonic() - started
+        out["answer"] = answer
+        sock.close()
+
+
+def test_a_client_trickling_its_headers_is_cut_off_and_others_are_served(tmp_path: Path) -> None:
+    timeout = 1.0
+    server = start_server(tmp_path, "--header-timeout-s", str(timeout))
+    try:
+        results: list[dict[str, object]] = [{} for _ in range(6)]
+        firsts = [10, len(HEAD), 1, None, len(HEAD), 20]  # None: connects, sends nothing
+        threads = [
+            threading.Thread(target=_trickle_head, args=(server.url, first, 0.1, out))
+            for first, out in zip(firsts, results, strict=True)
+        ]
+        # a kept-alive connection: one whole request, then the next one's head trickles
+        kept = rawhttp.connect(server.url)
+        assert rawhttp.get(kept, "/healthz")[0] == 200
+        for t in threads:
+            t.start()
+        kept_started = time.monotonic()
+        kept.sendall(b"GET /healthz HTTP/1.1\r\n")
+        # meanwhile: a normal client, and one that sends its head slowly but within the limit
+        served = 0
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            while any(t.is_alive() for t in threads):
+                r = client.post("/smooth", json={"sequences": [[[0.5] * 16] * 4]})
+                assert r.status_code == 200, r.text
+                served += 1
+        slow_but_in_time = rawhttp.connect(server.url)
+        for piece in (b"GET /healthz HTTP/1.1\r\n", b"host: test\r\n", b"\r\n"):
+            slow_but_in_time.sendall(piece)
+            time.sleep(timeout / 8)  # the whole head in 3/8 of the limit
+        assert rawhttp.read_response(slow_but_in_time)[0] == 200
+        slow_but_in_time.close()
+        kept.settimeout(10 * timeout)
+        assert rawhttp.closed_by_peer(kept)
+        kept_elapsed = time.monotonic() - kept_started
+        kept.close()
+        text = httpx.get(f"{server.url}/metrics").text
+    finally:
+        stop(server)
+    for out in results:
+        ratio = float(out["elapsed"]) / timeout  # type: ignore[arg-type]
+        assert 0.9 <= ratio <= 4, out  # cut off after the limit, within a few multiples of it
+        answer = bytes(out["answer"])  # type: ignore[arg-type]
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert b'"type":"header_timeout"' in answer
+    assert 0.9 <= kept_elapsed / timeout <= 4
+    assert served >= 1
+    rejected = 'rnnserve_requests_rejected_total{endpoint="none",reason="header_timeout"}'
+    assert f"{rejected} 7.0" in text, text
+
+
+def test_beyond_limit_concurrency_requests_get_503(tmp_path: Path) -> None:
+    limit = 4
+    server = start_server(tmp_path, "--limit-concurrency", str(limit))
+    try:
+        idle = [rawhttp.connect(server.url) for _ in range(limit - 1)]  # open, nothing sent
+        body = {"sequences": [[[0.5] * 16]]}
+        deadline = time.monotonic() + 30
+        while (r := httpx.post(f"{server.url}/smooth", json=body)).status_code != 503:
+            assert time.monotonic() < deadline, "the idle connections never counted"
+            time.sleep(0.05)  # until the server has accepted them
+        assert r.json()["type"] == "concurrency_limit"
+        assert str(limit) in r.json()["detail"]
+        assert r.headers["retry-after"] == "1"
+        for sock in idle:
+            sock.close()
+        deadline = time.monotonic() + 30
+        while (r := httpx.post(f"{server.url}/smooth", json=body)).status_code != 200:
+            assert r.status_code == 503
+            assert time.monotonic() < deadline, "the closed connections were never let go"
+            time.sleep(0.05)
+        text = httpx.get(f"{server.url}/metrics").text
+    finally:
+        stop(server)
+    assert 'rnnserve_requests_rejected_total{endpoint="none",reason="concurrency_limit"}' in text

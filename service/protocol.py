@@ -1,0 +1,164 @@
+"""uvicorn's HTTP/1.1 protocol with what it lacks against slow or too many clients.
+
+uvicorn times out idle kept-alive connections (``timeout_keep_alive``) and bounds the size of a
+request head, but not the time it takes to arrive: a client that trickles header bytes (or
+connects and sends nothing) holds its connection for ever, and every byte resets the keep-alive
+timer. :class:`HeaderTimeoutProtocol` gives each request head ``header_timeout_s`` from its
+first byte (from the connection's opening for the first request): a connection whose request
+line and headers are not complete by then is answered 408 ``header_timeout`` and closed. The
+body has its own limit in the routes (``body_timeout_s``), and a response being written is never
+timed out.
+
+With ``limit_concurrency`` set, uvicorn answers 503 to a request that arrives while that many
+connections or requests are open; this protocol makes that answer rnnserve's JSON error
+(``concurrency_limit``, with ``Retry-After: 1``) instead of uvicorn's plain text. (uvicorn's h11
+protocol, used only where httptools is missing, keeps its plain-text 503.)
+
+Both limits count in ``rnnserve_requests_rejected_total{endpoint="none"}``: the request had not
+reached a route. The settings and the metrics are the app's (``app.state``), found through the
+middleware uvicorn wraps around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any
+
+import orjson
+from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover (httptools comes with uvicorn[standard])
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+log = logging.getLogger(__name__)
+
+NO_ENDPOINT = "none"  # the endpoint label of requests refused before routing
+
+
+def app_state(app: Any) -> Any:
+    """The FastAPI app's ``state`` under uvicorn's middleware (``.app`` links), or None."""
+    for _ in range(16):
+        state = getattr(app, "state", None)
+        if state is not None and hasattr(state, "settings"):
+            return state
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
+def _error(status: bytes, detail: str, kind: str, extra: bytes = b"") -> bytes:
+    body = orjson.dumps({"detail": detail, "type": kind, "loc": []})
+    return (
+        b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n" + extra + b"connection: close\r\n"
+        b"\r\n" + body
+    )
+
+
+async def _concurrency_limit(limit: int | None, scope: Any, receive: Any, send: Any) -> None:
+    """The 503 beyond ``limit_concurrency``, as rnnserve's JSON error."""
+    body = orjson.dumps({
+        "detail": f"the server has its most connections or requests open ({limit}); retry later",
+        "type": "concurrency_limit",
+        "loc": [],
+    })  # fmt: skip
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", b"1"),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _HeaderTimeout:
+    """The mixin: both uvicorn protocols have ``cycle`` (the request whose head was read last),
+    ``transport``, ``loop`` and ``app``, and create a new ``cycle`` when a head is complete."""
+
+    cycle: Any
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    app: Any
+
+    _header_timer: asyncio.TimerHandle | None = None
+    _header_timeout_s: float | None = None
+    _state: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._state = app_state(self.app)
+        settings = getattr(self._state, "settings", None)
+        self._header_timeout_s = getattr(settings, "header_timeout_s", None)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        before = self.cycle
+        super().data_received(data)  # type: ignore[misc]
+        if self.cycle is not before:  # a request head is complete
+            self._disarm()
+        elif self._idle() and self._header_timer is None:
+            self._arm()  # the first bytes of the next request on a kept-alive connection
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _idle(self) -> bool:
+        """No request is being read or answered: bytes now belong to the next request head."""
+        return self.cycle is None or bool(self.cycle.response_complete)
+
+    def _arm(self) -> None:
+        if self._header_timeout_s is None or self.transport.is_closing():
+            return
+        self._disarm()
+        self._header_timer = self.loop.call_later(
+            self._header_timeout_s, self._header_timed_out, self.cycle
+        )
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timed_out(self, armed_with: Any) -> None:
+        self._header_timer = None
+        if self.cycle is not armed_with or not self._idle() or self.transport.is_closing():
+            return  # a head arrived meanwhile (e.g. a pipelined one), or the connection ended
+        detail = f"the request line and headers did not arrive within {self._header_timeout_s:g} s"
+        self.transport.write(_error(b"408 Request Timeout", detail, "header_timeout"))
+        self.transport.close()
+        metrics = getattr(self._state, "metrics", None)
+        if metrics is not None:
+            metrics.rejected.labels(NO_ENDPOINT, "header_timeout").inc()
+        log.debug(
+            "closed a connection from %s: %s", self.transport.get_extra_info("peername"), detail
+        )
+
+
+class H11HeaderTimeout(_HeaderTimeout, H11Protocol):
+    """uvicorn's h11 protocol with the header timeout."""
+
+
+if HttpToolsProtocol is not None:
+
+    class HttpToolsHeaderTimeout(_HeaderTimeout, HttpToolsProtocol):
+        """uvicorn's httptools protocol with the header timeout and a JSON 503 beyond
+        ``limit_concurrency``."""
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            if app is service_unavailable:
+                if self._state is not None:
+                    self._state.metrics.rejected.labels(NO_ENDPOINT, "concurrency_limit").inc()
+                app = functools.partial(_concurrency_limit, self.limit_concurrency)
+            super()._start_asgi_task(cycle, app)
+
+    HeaderTimeoutProtocol: type[asyncio.Protocol] = HttpToolsHeaderTimeout
+else:  # pragma: no cover
+    HeaderTimeoutProtocol = H11HeaderTimeout
