@@ -1,0 +1,104 @@
+"""The Triton kernels' CPU-testable edges that the numerical tests do not reach: argument
+refusals, empty inputs, the tile planner's checks, and the rollout custom op's fake (meta)
+implementation, which ``torch.compile`` uses to trace the op without running it.
+
+Run on the CPU under TRITON_INTERPRET=1 (as CI does) or on CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+rt = pytest.importorskip("models.kernels.rollout_triton")
+st = pytest.importorskip("models.kernels.smoother_triton")
+
+from tests.unit.test_rollout_triton import DEVICE, DTYPE, packed, weights  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+
+
+def test_smoother_refuses_data_that_is_not_packed_rows() -> None:
+    alpha = torch.full((4,), 0.5, dtype=DTYPE, device=DEVICE)
+    wx = torch.ones(4, dtype=DTYPE, device=DEVICE)
+    with pytest.raises(ValueError, match=r"expected packed data \[N, F\], got \[2, 3, 4\]"):
+        st.smooth_packed_triton(torch.zeros(2, 3, 4, dtype=DTYPE), torch.tensor([2]), alpha, wx)
+    data = torch.zeros(3, 4, dtype=DTYPE, device=DEVICE)
+    with pytest.raises(ValueError, match=r"state of shape \[2, 4\], got \[1, 4\]"):
+        st.smooth_packed_triton(
+            data, torch.tensor([2, 1]), alpha, wx, torch.zeros(1, 4, dtype=DTYPE, device=DEVICE)
+        )
+
+
+def test_smoother_on_no_rows_returns_empty_outputs_and_zero_states() -> None:
+    alpha = torch.full((4,), 0.5, dtype=DTYPE, device=DEVICE)
+    wx = torch.full((4,), 2.0, dtype=DTYPE, device=DEVICE)
+    y, last = st.smooth_packed_triton(
+        torch.zeros(0, 4, dtype=DTYPE, device=DEVICE), torch.tensor([], dtype=torch.int64),
+        alpha, wx,
+    )  # fmt: skip
+    assert tuple(y.shape) == (0, 4)
+    assert tuple(last.shape) == (0, 4)
+    # no features: one sequence of 3 steps, nothing to smooth
+    y, last = st.smooth_packed_triton(
+        torch.zeros(3, 0, dtype=DTYPE, device=DEVICE), torch.tensor([1, 1, 1]),
+        alpha[:0], wx[:0],
+    )  # fmt: skip
+    assert tuple(y.shape) == (3, 0)
+    assert tuple(last.shape) == (1, 0)
+
+
+@pytest.mark.parametrize("name", ["chunk", "block", "carry"])
+def test_tile_sizes_must_be_powers_of_two(name: str) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be a power of two, got 24"):
+        st.plan_tiles(100, 4, 16, **{name: 24})
+    plan = st.plan_tiles(100, 4, 16, **{name: 32})
+    assert getattr(plan, name) == 32
+
+
+def test_rollout_refuses_bad_bucket_layer_and_weight_arguments() -> None:
+    with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
+        rt.bucket_rows(0)
+    w_cat, bias, w_out, b_out = weights(2, 4, 2)
+    u = packed([2, 1], 2)
+    roll = rt.TritonRollout()
+    with pytest.raises(ValueError, match="one weight and one bias per layer, got 2, 1"):
+        roll(u, [2, 1], w_cat, bias[:1], w_out, b_out)
+    with pytest.raises(ValueError, match="one weight and one bias per layer, got 0, 0"):
+        roll(u, [2, 1], [], [], w_out, b_out)
+    other = torch.float32 if torch.float64 == DTYPE else torch.float64
+    with pytest.raises(ValueError, match="weights and inputs must share dtype and device"):
+        roll(u, [2, 1], w_cat, bias, w_out.to(other), b_out)
+    with pytest.raises(ValueError, match=r"weight of shape \[2, 4\], expected \[4, 2\]"):
+        roll(u, [2, 1], w_cat, bias, w_out.t().contiguous(), b_out)
+
+
+def test_rollout_refuses_more_rows_than_int32_indexing_allows() -> None:
+    # a meta tensor: the shape is checked before any memory is touched
+    u = torch.empty(2**30, 2, device="meta")
+    with pytest.raises(ValueError, match=r"more than 2\*\*31 input elements"):
+        rt._check_sizes([2**30], u)
+
+
+def test_custom_op_fake_implementation_agrees_with_the_real_one() -> None:
+    """``torch.library.opcheck`` runs the op, then its fake implementation on fake tensors, and
+    compares shapes, dtypes and the schema's aliasing: what torch.compile relies on."""
+    op = rt.rollout_op()
+    sizes = [3, 2, 2, 1]
+    w_cat, bias, w_out, b_out = weights(3, 8, 2)
+    u = packed(sizes, 3)
+    h0 = torch.full((2, 3, 8), 0.1, dtype=DTYPE, device=DEVICE)
+    torch.library.opcheck(op, (u, sizes, w_cat, bias, w_out, b_out, h0))
+    fake_mode = torch._subclasses.fake_tensor.FakeTensorMode()
+    with fake_mode:
+        fu = torch.empty(8, 3, dtype=DTYPE)
+        fw = [torch.empty(w.shape, dtype=DTYPE) for w in w_cat]
+        fb = [torch.empty(b.shape, dtype=DTYPE) for b in bias]
+        pos, h, c, p = op(fu, sizes, fw, fb, torch.empty(8, 2, dtype=DTYPE),
+                          torch.empty(2, dtype=DTYPE))  # fmt: skip
+    assert [tuple(t.shape) for t in (pos, h, c, p)] == [(8, 2), (2, 3, 8), (2, 3, 8), (3, 2)]
