@@ -15,6 +15,15 @@ The export step is the command line anyone can run on their own checkpoint::
     python -m models.export --checkpoint gru_encoder.pt --name gru_encoder \\
         --out-dir my-models --activation l2_normalize
 
+The same encoder can also be served as TorchScript (:class:`PackedGRUEncoder`, the
+packed-sequence signature ``forward(data, batch_sizes)``; TorchScript files are code, so the
+server loads them only with ``RNNSERVE_TRUST_TORCHSCRIPT=true``)::
+
+    python examples/gru_encoder.py --out-dir my-models --torchscript
+    # = python -m models.export --torchscript --factory examples.gru_encoder:make_packed \
+    #     --checkpoint gru_encoder.pt --name gru_encoder_ts --out-dir my-models
+    RNNSERVE_TRUST_TORCHSCRIPT=true rnnserve --model-dir my-models
+
 :func:`gru_cell_loop` is an independent reference (one ``nn.GRUCell`` per layer, one sequence,
 one step at a time); the tests check the server against it.
 """
@@ -27,6 +36,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
 
 from models import export
 
@@ -47,10 +57,36 @@ class GRUEncoder(nn.Module):
         return out
 
 
+class PackedGRUEncoder(nn.Module):
+    """The same model with rnnserve's TorchScript signature: the rows of a packed batch in,
+    one output row per input row out, in the same packed order (see models.torchscript)."""
+
+    def __init__(self, encoder: GRUEncoder | None = None) -> None:
+        super().__init__()
+        encoder = encoder if encoder is not None else GRUEncoder()
+        self.gru = encoder.gru
+        self.dense = encoder.dense
+        self.input_size = encoder.gru.input_size
+
+    def forward(self, data: Tensor, batch_sizes: Tensor) -> Tensor:
+        """``data`` ``[N, 6]``, ``batch_sizes`` ``[T]`` (a PackedSequence's fields) ->
+        ``[N, 4]``."""
+        h, _ = self.gru(PackedSequence(data, batch_sizes, None, None))
+        y = self.dense(h.data)
+        out: Tensor = y / torch.linalg.vector_norm(y, dim=-1, keepdim=True)
+        return out
+
+
 def make() -> GRUEncoder:
     """A factory for ``python -m models.export --factory examples.gru_encoder:make``."""
     torch.manual_seed(0)
     return GRUEncoder()
+
+
+def make_packed() -> PackedGRUEncoder:
+    """A factory for ``python -m models.export --torchscript --factory
+    examples.gru_encoder:make_packed``: the weights of :func:`make`."""
+    return PackedGRUEncoder(make())
 
 
 def gru_cell_loop(model: GRUEncoder, x: Tensor) -> Tensor:
@@ -101,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=Path("my-models"))
     parser.add_argument("--name", default="gru_encoder")
     parser.add_argument("--steps", type=int, default=20, help="training steps (0: none)")
+    parser.add_argument(
+        "--torchscript",
+        action="store_true",
+        help="also export <name>_ts.torchscript.pt (served with RNNSERVE_TRUST_TORCHSCRIPT=true)",
+    )
     args = parser.parse_args(argv)
     model = make()
     if args.steps:
@@ -108,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = args.out_dir.parent / f"{args.name}.pt"  # not in the model dir: a pickle
     torch.save(model.state_dict(), checkpoint)
-    return export.main(
+    code = export.main(
         [
             "--checkpoint", str(checkpoint),
             "--name", args.name,
@@ -116,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
             "--activation", "l2_normalize",
         ]
     )  # fmt: skip
+    if code == 0 and args.torchscript:  # what --torchscript --factory ...:make_packed does
+        path, width, worst = export.export_torchscript(
+            PackedGRUEncoder(model), 6, f"{args.name}_ts", args.out_dir
+        )
+        print(f"wrote {path} (torchscript: input size 6, output size {width}); answers like "
+              f"yours to {worst:.2g}; serve it with RNNSERVE_TRUST_TORCHSCRIPT=true")  # fmt: skip
+    return code
 
 
 if __name__ == "__main__":

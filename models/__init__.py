@@ -5,6 +5,11 @@ model's ``kind`` (``smoother``, ``traveller`` or ``recurrent``: your own LSTM/GR
 linear head, see :mod:`models.recurrent` and ``python -m models.export``) and its constructor
 ``config`` as JSON; the tensors are the module's ``state_dict`` under the keys SYSTEM.md lists.
 The default models ship inside this package (``models/weights``).
+
+A model directory may also hold ``<name>.torchscript.pt`` files (kind ``torchscript``, see
+:mod:`models.torchscript`): TorchScript archives are code, so they are loaded only when the
+caller trusts them (``trust_torchscript=True``); otherwise reading one raises
+:class:`ModelLoadError` without opening it. Pickles (``.pt``, ``.pth``, ...) are never loaded.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from models import torchscript
 from models.recurrent import RecurrentConfig, RecurrentModel
 from models.smoothing import LinearRecursion, SmootherConfig
+from models.torchscript import TorchScriptModel
 from models.traveller import RolloutBackend, Traveller, TravellerConfig
 
 __all__ = [
@@ -30,6 +37,7 @@ __all__ = [
     "ModelLoadError",
     "ModelNotFound",
     "RecurrentModel",
+    "TorchScriptModel",
     "Traveller",
     "available",
     "build",
@@ -38,10 +46,11 @@ __all__ = [
     "pickles",
     "read",
     "save",
+    "torchscript_files",
 ]
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "weights"
-KINDS = ("smoother", "traveller", "recurrent")
+KINDS = ("smoother", "traveller", "recurrent")  # safetensors kinds; also "torchscript" files
 
 
 class ModelNotFound(LookupError):
@@ -57,9 +66,25 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt")
 
 
 def pickles(model_dir: str | Path | None = None) -> list[Path]:
-    """Pickle-format weight files in ``model_dir`` (they are refused, never loaded)."""
+    """Pickle-format weight files in ``model_dir`` (they are refused, never loaded).
+
+    ``<name>.torchscript.pt`` files are not counted here: see :func:`torchscript_files`."""
     root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
-    return sorted(p for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return sorted(
+        p
+        for p in root.iterdir()
+        if p.suffix in PICKLE_SUFFIXES and not torchscript.is_torchscript(p)
+    )
+
+
+def torchscript_files(model_dir: str | Path | None = None) -> list[Path]:
+    """``<name>.torchscript.pt`` files in ``model_dir``: code, served only when trusted."""
+    root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if torchscript.is_torchscript(p))
 
 
 def build(kind: str, config: dict[str, Any]) -> nn.Module:
@@ -80,6 +105,8 @@ def kind_of(model: nn.Module) -> str:
         return "traveller"
     if isinstance(model, RecurrentModel):
         return "recurrent"
+    if isinstance(model, TorchScriptModel):
+        return "torchscript"
     raise TypeError(f"not an rnnserve model: {type(model).__name__}")
 
 
@@ -91,11 +118,18 @@ def _config(model: nn.Module) -> dict[str, Any]:
         return config
     if isinstance(model, Traveller | RecurrentModel):
         return asdict(model.config)
+    if isinstance(model, TorchScriptModel):
+        return model.config()
     raise TypeError(f"not an rnnserve model: {type(model).__name__}")
 
 
 def save(model: nn.Module, path: str | Path) -> None:
     """Write ``model``'s weights, kind and config to a safetensors file."""
+    if isinstance(model, TorchScriptModel):
+        raise TypeError(
+            "a TorchScript model is code, not a safetensors file: write it with "
+            "python -m models.export --torchscript (models.torchscript.save)"
+        )
     config = _config(model)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta = {"kind": kind_of(model), "config": json.dumps(config)}
@@ -105,16 +139,48 @@ def save(model: nn.Module, path: str | Path) -> None:
 def available(model_dir: str | Path | None = None) -> list[str]:
     """Names of the models in ``model_dir`` (default: the weights shipped with rnnserve)."""
     root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
-    return sorted(p.stem for p in root.glob("*.safetensors"))
+    names = {p.stem for p in root.glob("*.safetensors")}
+    names |= {torchscript.name_of(p) for p in torchscript_files(root)}
+    return sorted(names)
 
 
-def read(name: str, model_dir: str | Path | None = None) -> nn.Module:
+def _torchscript_path(root: Path, name: str) -> Path | None:
+    """The model's ``<name>.torchscript.pt``, if that is its file (one file per name)."""
+    ts = root / f"{name}{torchscript.SUFFIX}"
+    if not ts.is_file():
+        return None
+    if (root / f"{name}.safetensors").is_file():
+        raise ModelLoadError(
+            f"{ts}: model {name!r} has two files ({name}.safetensors and {ts.name}); keep one"
+        )
+    return ts
+
+
+def _read_torchscript(path: Path, trust: bool, device: torch.device | str) -> TorchScriptModel:
+    if not trust:
+        raise ModelLoadError(
+            f"{path}: a TorchScript file is code that runs when it is loaded; refused unless "
+            "trusted (trust_torchscript)"
+        )
+    try:
+        return torchscript.load(path, device)
+    except torchscript.TorchScriptError as exc:
+        raise ModelLoadError(f"{path}: {exc}") from exc
+
+
+def read(
+    name: str, model_dir: str | Path | None = None, *, trust_torchscript: bool = False
+) -> nn.Module:
     """The named model with its weights, in eval mode on the CPU, not compiled.
 
     Every way a file can fail to be a servable model raises :class:`ModelLoadError` (or
-    :class:`ModelNotFound`) with a one-line message naming the file.
+    :class:`ModelNotFound`) with a one-line message naming the file. A ``<name>.torchscript.pt``
+    file is loaded (its code runs) only with ``trust_torchscript``.
     """
     root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+    ts = _torchscript_path(root, name)
+    if ts is not None:
+        return _read_torchscript(ts, trust_torchscript, "cpu")
     path = root / f"{name}.safetensors"
     if not path.is_file():
         known = ", ".join(available(root)) or "none"
@@ -162,11 +228,17 @@ def load(
     *,
     device: torch.device | str = "cpu",
     rollout_backend: RolloutBackend = "auto",
+    trust_torchscript: bool = False,
 ) -> nn.Module:
     """The named model with its weights, in eval mode on ``device``.
 
-    Traveller models get their rollout compiled (``rollout_backend``) here, at load time.
+    Traveller models get their rollout compiled (``rollout_backend``) here, at load time;
+    TorchScript files (only with ``trust_torchscript``) are loaded straight onto ``device``.
     """
+    root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
+    ts = _torchscript_path(root, name)
+    if ts is not None:
+        return _read_torchscript(ts, trust_torchscript, device)
     model = read(name, model_dir)
     model.to(device)
     if isinstance(model, Traveller):
@@ -185,17 +257,19 @@ def describe(model: nn.Module) -> dict[str, Any]:
     config = _config(model)
     if isinstance(model, LinearRecursion):
         shapes = {"input": ["T", model.feat_dim], "output": ["T", model.feat_dim]}
-    elif isinstance(model, RecurrentModel):
+    elif isinstance(model, RecurrentModel | TorchScriptModel):
         shapes = {"input": ["T", model.input_size], "output": ["T", model.head_size]}
     else:
         assert isinstance(model, Traveller)
         shapes = {"input": ["T", model.num_inputs], "output": ["T", 2]}
         config["rollout_backend"] = model.rollout_backend
+    # a TorchScript module may hold no parameters at all (only buffers or constants)
+    first = next(iter([*model.parameters(), *model.buffers()]), torch.empty(0))
     return {
         "kind": kind,
         "config": config,
         "shapes": shapes,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "device": str(next(model.parameters()).device),
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "device": str(first.device),
+        "dtype": str(first.dtype).removeprefix("torch."),
     }

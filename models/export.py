@@ -27,6 +27,15 @@ Two ways to give the model:
 
 The activation is not in the weights: say it with ``--activation`` (none, tanh, sigmoid,
 l2_normalize; default none).
+
+``--torchscript`` instead exports any module with the packed-sequence signature of
+:mod:`models.torchscript` (``forward(data [N, F_in], batch_sizes [T]) -> [N, F_out]``), given
+with ``--factory`` (``--checkpoint`` loads its weights first) and ``--input-size`` (or the
+module's own ``input_size`` attribute): it is scripted with ``torch.jit.script`` (a factory may
+also return a ScriptModule), written as ``<out-dir>/<name>.torchscript.pt`` with its widths in
+the archive's metadata, loaded back as the server loads it, and checked on a packed batch
+against your original module called on each sequence alone. The file is code: serving it needs
+``RNNSERVE_TRUST_TORCHSCRIPT=true``.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import torch
 from torch import Tensor, nn
 
 import models
+from models import torchscript
 from models.packing import pack, unpack
 from models.recurrent import ACTIVATIONS, CELLS, RecurrentConfig, RecurrentModel, activate
 
@@ -346,6 +356,82 @@ def export(
     return target, worst
 
 
+def one_sequence(module: nn.Module, x: Tensor) -> Tensor:
+    """``module`` (packed-sequence signature) on one sequence ``x`` ``[T, F_in]`` alone: packed,
+    a sequence of one is its own rows, one per step."""
+    return module(x, torch.ones(len(x), dtype=torch.int64))  # type: ignore[no-any-return]
+
+
+def export_torchscript(
+    user: nn.Module,
+    input_size: int,
+    name: str,
+    out_dir: str | Path,
+    tolerance: float = 1e-5,
+) -> tuple[Path, int, float]:
+    """Script ``user`` (unless it is already scripted), write ``<out_dir>/<name>.torchscript.pt``,
+    load it back as the server does and check it against ``user`` sequence by sequence; the
+    path, the output width and the largest difference seen."""
+    if not _NAME.fullmatch(name) or name.endswith(models.PICKLE_SUFFIXES):
+        raise ExportError(f"--name {name!r}: use letters, digits, '_', '-' and '.'")
+    user.eval()
+    if isinstance(user, torch.jit.ScriptModule):
+        scripted = user
+    else:
+        try:
+            scripted = torch.jit.script(user)
+        except Exception as exc:  # torch.jit.frontend errors and RuntimeErrors
+            raise ExportError(
+                f"{type(user).__name__} cannot be scripted with torch.jit.script: "
+                f"{torchscript.first_line(exc)}"
+            ) from exc
+    try:
+        output_size = _output_width(scripted, input_size)
+    except torchscript.TorchScriptError as exc:
+        raise ExportError(str(exc)) from exc
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out) as tmp:  # checked before it is put in place
+        written = Path(tmp) / f"{name}{torchscript.SUFFIX}"
+        torchscript.save(scripted, written, input_size, output_size)
+        try:
+            loaded = models.load(name, tmp, trust_torchscript=True)
+        except models.ModelLoadError as exc:
+            raise ExportError(str(exc).removeprefix(f"{written}: ")) from exc
+        try:
+            worst = check(loaded, lambda x: one_sequence(user, x), input_size, tolerance)
+        except CheckFailed:
+            raise
+        except Exception as exc:  # the module failed on a batch of several sequences
+            raise ExportError(
+                f"the exported module failed on a packed batch ({torchscript.first_line(exc)}); "
+                f"rnnserve calls {torchscript.SIGNATURE}"
+            ) from exc
+        target = out / f"{name}{torchscript.SUFFIX}"
+        written.replace(target)
+    return target, output_size, worst
+
+
+def _output_width(module: nn.Module, input_size: int) -> int:
+    problem = torchscript.signature_problem(module)
+    if problem is not None:
+        raise torchscript.TorchScriptError(f"{problem}; rnnserve calls {torchscript.SIGNATURE}")
+    try:
+        with torch.inference_mode():
+            y = one_sequence(module, torch.zeros(2, input_size))
+    except Exception as exc:
+        raise torchscript.TorchScriptError(
+            f"a call on one sequence of 2 steps of {input_size} features failed "
+            f"({torchscript.first_line(exc)}); rnnserve calls {torchscript.SIGNATURE}"
+        ) from exc
+    if not isinstance(y, Tensor) or y.ndim != 2 or y.shape[0] != 2:
+        got = list(y.shape) if isinstance(y, Tensor) else type(y).__name__
+        raise torchscript.TorchScriptError(
+            f"a call on 2 rows answered {got}; rnnserve calls {torchscript.SIGNATURE}"
+        )
+    return int(y.shape[1])
+
+
 def _factory(path: str) -> nn.Module:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
@@ -386,9 +472,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rnn-key", help="the RNN's name in your module or checkpoint (e.g. gru)")
     p.add_argument("--head-key", help="the head's name in your module or checkpoint (e.g. fc)")
     p.add_argument("--tolerance", type=float, default=1e-5)
+    p.add_argument(
+        "--torchscript",
+        action="store_true",
+        help="export --factory's module (signature forward(data [N, F_in], batch_sizes [T]) -> "
+        "[N, F_out]) as <name>.torchscript.pt; code: serving it needs "
+        "RNNSERVE_TRUST_TORCHSCRIPT=true",
+    )
     args = p.parse_args(argv)
     if args.checkpoint is None and args.factory is None:
         p.error("give --checkpoint, --factory, or both")
+    if args.torchscript:
+        if args.factory is None:
+            p.error("--torchscript needs --factory (and --checkpoint to load its weights)")
+        return _main_torchscript(args)
     given = {
         "cell": args.cell,
         "input_size": args.input_size,
@@ -422,6 +519,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"wrote {path} (recurrent: {cfg.cell}, {_summary(cfg)}, activation {cfg.activation}); "
         f"answers like yours to {worst:.2g} (tolerance {args.tolerance:g})"
+    )
+    return 0
+
+
+def _main_torchscript(args: argparse.Namespace) -> int:
+    try:
+        user = _factory(args.factory)
+        if args.checkpoint is not None:
+            try:
+                user.load_state_dict(read_checkpoint(args.checkpoint), strict=True)
+            except RuntimeError as exc:
+                lines = [ln.strip() for ln in str(exc).splitlines()[1:] if ln.strip()]
+                raise ExportError(f"does not fit {args.factory}: {lines[0]}") from exc
+        input_size = args.input_size or getattr(user, "input_size", None)
+        if isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1:
+            raise ExportError(
+                "--input-size is needed: the number of features per step (F_in) your module "
+                "takes (or give the module an int attribute input_size)"
+            )
+        path, width, worst = export_torchscript(
+            user, input_size, args.name, args.out_dir, args.tolerance
+        )
+    except ExportError as exc:
+        print(f"models.export: {args.factory}: {exc}", file=sys.stderr)
+        return 2
+    except CheckFailed as exc:
+        print(f"models.export: check failed: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"wrote {path} (torchscript: input size {input_size}, output size {width}); answers like "
+        f"yours to {worst:.2g} (tolerance {args.tolerance:g}); it is code: serve it with "
+        "RNNSERVE_TRUST_TORCHSCRIPT=true"
     )
     return 0
 

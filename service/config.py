@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     model_dir: Path | None = Field(
         None, description="Folder of <name>.safetensors models to serve; unset: the bundled ones."
     )
+    trust_torchscript: bool = Field(
+        False,
+        description="Serve <name>.torchscript.pt files in the model dir. TorchScript files are "
+        "code that runs in the server when loaded: set it only for files you trust; unset, "
+        "such a file stops the server at start-up.",
+    )
     default_smoother: str | None = Field(
         None,
         description="Model POST /smooth uses when a request names none; unset: the only "

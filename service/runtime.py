@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 import models
+from models import torchscript
 from models.packing import FlatSequences, active_fraction, pack_flat, plan, unpack_flat
 from models.recurrent import RecurrentModel
 from models.smoothing import LinearRecursion
@@ -145,10 +146,24 @@ def preflight(settings: Settings) -> list[str]:
     if where is not None and not where.is_dir():
         raise StartupError(f"--model-dir {where}: no such directory")
     for path in models.pickles(where):
+        if torchscript.looks_like_archive(path):  # read as a zip only
+            stem = path.name.removesuffix(path.suffix)
+            raise StartupError(
+                f"{path}: a TorchScript archive under a pickle's name is refused; TorchScript "
+                f"files are code: name it {stem}{torchscript.SUFFIX} and set "
+                "RNNSERVE_TRUST_TORCHSCRIPT=true (--trust-torchscript) if you trust it"
+            )
         raise StartupError(
             f"{path}: pickle files are refused (loading one can run code); save the model as "
             "<name>.safetensors with models.save"
         )
+    if not settings.trust_torchscript:
+        for path in models.torchscript_files(where):
+            raise StartupError(
+                f"{path}: TorchScript files are code that runs in the server when loaded, so "
+                "they are refused unless you trust them: set RNNSERVE_TRUST_TORCHSCRIPT=true "
+                "(--trust-torchscript) to serve it"
+            )
     names = models.available(where)
     if not names:
         raise StartupError(
@@ -156,7 +171,7 @@ def preflight(settings: Settings) -> list[str]:
         )
     for name in names:
         try:
-            models.read(name, where)
+            models.read(name, where, trust_torchscript=settings.trust_torchscript)
         except (models.ModelLoadError, models.ModelNotFound) as exc:
             raise StartupError(str(exc)) from exc
     return names
@@ -221,6 +236,7 @@ class ModelRuntime:
             self.settings.model_dir,
             device=self.device,
             rollout_backend=self.settings.rollout_backend,
+            trust_torchscript=self.settings.trust_torchscript,
         )
         dim = _input_dim(module)
         if isinstance(module, Traveller) and module.rollout_backend == "triton":
@@ -426,6 +442,6 @@ def _input_dim(module: nn.Module) -> int:
         return module.feat_dim
     if isinstance(module, Traveller):
         return module.num_inputs
-    if isinstance(module, RecurrentModel):
+    if isinstance(module, RecurrentModel | torchscript.TorchScriptModel):
         return module.input_size
     raise TypeError(f"cannot serve {type(module).__name__}")

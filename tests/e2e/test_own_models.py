@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 import models
-from examples.gru_encoder import gru_cell_loop, make
+from examples.gru_encoder import gru_cell_loop, make, make_packed
+from models import export
 from tests.e2e.server import start_server, stop
 
 pytestmark = pytest.mark.e2e
@@ -54,5 +56,53 @@ def test_exported_gru_encoder_is_served(tmp_path: Path) -> None:
         assert r.json()["type"] == "wrong_feature_count"
         r = httpx.post(f"{server.url}/smooth", json={"sequences": [[[0.5] * 16]]}, timeout=30)
         assert r.status_code == 200
+    finally:
+        stop(server)
+
+
+def test_a_torchscript_model_is_served_only_when_trusted(tmp_path: Path) -> None:
+    model_dir = tmp_path / "models"
+    root = Path(__file__).resolve().parents[2]
+    # the documented command, as a user runs it
+    done = subprocess.run(
+        [sys.executable, "-m", "models.export", "--torchscript",
+         "--factory", "examples.gru_encoder:make_packed", "--name", "gru_ts",
+         "--out-dir", str(model_dir)],
+        capture_output=True, text=True, timeout=240, check=False, cwd=root,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    path = model_dir / "gru_ts.torchscript.pt"
+    assert path.is_file()
+    # without the opt-in: the server does not start, and says why in one line
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RNNSERVE_")}
+    refused = subprocess.run(
+        [str(Path(sys.executable).with_name("rnnserve")), "--port", "0", "--model-dir",
+         str(model_dir)],
+        capture_output=True, text=True, timeout=120, check=False, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"rnnserve: {path}: ")
+    assert "RNNSERVE_TRUST_TORCHSCRIPT=true" in line
+    # with it: served, answering like the original module sequence by sequence
+    server = start_server(
+        tmp_path, "--model-dir", str(model_dir), env={"RNNSERVE_TRUST_TORCHSCRIPT": "true"}
+    )
+    try:
+        listed = httpx.get(f"{server.url}/models", timeout=10).json()["models"]
+        assert [(m["name"], m["kind"]) for m in listed] == [("gru_ts", "torchscript")]
+        rng = np.random.default_rng(8)
+        xs = [rng.standard_normal((n, 6)).astype(np.float32) for n in (13, 1, 6)]
+        r = httpx.post(
+            f"{server.url}/models/gru_ts/infer",
+            json={"inputs": [x.tolist() for x in xs]},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        original = make_packed().eval()
+        for got, x in zip(r.json()["outputs"], xs, strict=True):
+            with torch.no_grad():
+                want = export.one_sequence(original, torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(np.array(got), want, atol=1e-5, rtol=0)
     finally:
         stop(server)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import models
-from examples.gru_encoder import GRUEncoder, gru_cell_loop, make
+from examples.gru_encoder import GRUEncoder, gru_cell_loop, make, make_packed
 from models import export
 from service import wire
 from tests.integration.conftest import AppClient
@@ -118,3 +118,58 @@ async def test_infer_errors(app_client: AppClient, model_dir: Path) -> None:
         spec = (await client.get("/openapi.json")).json()
         op = spec["paths"]["/models/{name}/infer"]["post"]
         assert "inputs" in op["requestBody"]["content"]["application/json"]["schema"]["properties"]
+
+
+@pytest.fixture(scope="module")
+def torchscript_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("own_ts")
+    export.export_torchscript(make_packed(), 6, "gru_ts", d)
+    shutil.copy(models.DEFAULT_MODEL_DIR / "smoother.safetensors", d)
+    return d
+
+
+async def test_a_trusted_torchscript_model_answers_like_the_original(
+    app_client: AppClient, torchscript_dir: Path, encoder: GRUEncoder
+) -> None:
+    original = make_packed().eval()
+    async with app_client(model_dir=torchscript_dir, trust_torchscript=True, max_delay_ms=20) as (
+        _,
+        client,
+    ):
+        listed = (await client.get("/models")).json()["models"]
+        mine = next(m for m in listed if m["name"] == "gru_ts")
+        assert mine["kind"] == "torchscript"
+        assert mine["shapes"] == {"input": ["T", 6], "output": ["T", 4]}
+        bodies = [sequences(20 + i, (2 + i, 11, 1)) for i in range(5)]
+        replies = await asyncio.gather(
+            *(
+                client.post("/models/gru_ts/infer", json={"inputs": [x.tolist() for x in b]})
+                for b in bodies
+            )
+        )
+        for body, r in zip(bodies, replies, strict=True):
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == "gru_ts"
+            for got, x in zip(r.json()["outputs"], body, strict=True):
+                with torch.no_grad():
+                    want = export.one_sequence(original, torch.from_numpy(x)).numpy()
+                np.testing.assert_allclose(np.array(got), want, atol=1e-5, rtol=0)
+                ref = gru_cell_loop(encoder, torch.from_numpy(x)).numpy()
+                np.testing.assert_allclose(np.array(got), ref, atol=1e-5, rtol=0)
+        # bad input is a 4xx naming where, as for every model
+        r = await client.post("/models/gru_ts/infer", json={"inputs": [[[0.0] * 6, [0.0] * 7]]})
+        assert r.status_code == 422
+        assert (r.json()["type"], r.json()["loc"]) == ("wrong_feature_count", ["inputs", 0, 1])
+        r = await client.post("/smooth", json={"sequences": [[[0.0] * 6]], "model": "gru_ts"})
+        assert r.status_code == 422
+        assert r.json()["type"] == "wrong_model_kind"
+        # its own OpenAPI path: widths, and an example whose documented answer is the real one
+        spec = (await client.get("/openapi.json")).json()
+        op = spec["paths"]["/models/gru_ts/infer"]["post"]
+        body = op["requestBody"]["content"]["application/json"]
+        step = body["schema"]["properties"]["inputs"]["items"]["items"]
+        assert step["minItems"] == step["maxItems"] == 6
+        r = await client.post("/models/gru_ts/infer", json=body["examples"]["example"]["value"])
+        assert r.status_code == 200
+        documented = op["responses"]["200"]["content"]["application/json"]["examples"]
+        assert r.json() == documented["example"]["value"]
