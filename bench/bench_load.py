@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -53,6 +54,7 @@ from bench.load import (
     make_bodies,
     open_loop,
     probe_binary,
+    process_cpu_seconds,
 )
 from bench.naive_server import start_naive_server
 from tests.e2e.server import Server, start_server, stop
@@ -79,6 +81,10 @@ class Cell:
     server: ServerName
     fmt: Format
     runs: list[LoadResult] = field(default_factory=list)
+    # CPU seconds per answered request, one figure per run: the server process (all its
+    # threads; NaN when it was started outside the benchmark) and the load generator
+    server_cpu: list[float] = field(default_factory=list)
+    client_cpu: list[float] = field(default_factory=list)
 
     def median(self, f: Callable[[LoadResult], float]) -> float:
         values = [v for v in map(f, self.runs) if not math.isnan(v)]
@@ -101,6 +107,16 @@ class Cell:
         for r in self.runs:
             total.update(r.errors)
         return total
+
+    @property
+    def server_cpu_s(self) -> float:
+        values = [v for v in self.server_cpu if not math.isnan(v)]
+        return statistics.median(values) if values else math.nan
+
+    @property
+    def client_cpu_s(self) -> float:
+        values = [v for v in self.client_cpu if not math.isnan(v)]
+        return statistics.median(values) if values else math.nan
 
     def per_batch(self, what: Literal["requests", "sequences"]) -> float:
         def one(r: LoadResult) -> float:
@@ -136,11 +152,14 @@ class Report:
 
 @contextmanager
 def servers(
-    urls: Mapping[ServerName, str] | None = None, baseline_threads: int | None = None
+    urls: Mapping[ServerName, str] | None = None,
+    baseline_threads: int | None = None,
+    pids: dict[ServerName, int] | None = None,
 ) -> Iterator[dict[ServerName, str]]:
     """URLs of rnnserve (default settings) and of the naive baseline, up for the whole block.
 
-    Both are started here (and stopped at the end) unless ``urls`` names running ones.
+    Both are started here (and stopped at the end) unless ``urls`` names running ones; the
+    process ids of those started here go into ``pids``.
     """
     if urls is not None:
         yield {RNNSERVE: loopback_url(urls[RNNSERVE]), BASELINE: loopback_url(urls[BASELINE])}
@@ -150,6 +169,8 @@ def servers(
         try:
             started[RNNSERVE] = start_server(Path(tmp))
             started[BASELINE] = start_naive_server(Path(tmp), torch_threads=baseline_threads)
+            if pids is not None:
+                pids.update({name: server.proc.pid for name, server in started.items()})
             yield {name: server.url for name, server in started.items()}
         finally:
             for server in started.values():
@@ -198,7 +219,8 @@ def run(
 ) -> Report:
     """Measure every (workload, server, format) cell ``repeats`` times, interleaved."""
     chosen = [WORKLOADS[w] for w in workloads]
-    with servers(urls, baseline_threads) as up:
+    pids: dict[ServerName, int] = {}
+    with servers(urls, baseline_threads, pids) as up:
         has_binary = _detect_binary(up[RNNSERVE], binary)
         bodies = _bodies(chosen, has_binary)
         report = Report([], clients, seconds, repeats, quick, has_binary)
@@ -222,11 +244,24 @@ def run(
                             closed_loop(url, w, data, clients=clients, seconds=warmup_s,
                                         max_requests=clients, fmt=fmt)
                         )  # fmt: skip
+                    pid = pids.get(server)
+                    server_before = process_cpu_seconds(pid) if pid is not None else None
+                    client_before = time.process_time()
                     result = asyncio.run(
                         closed_loop(url, w, data, clients=clients, seconds=seconds,
                                     max_requests=1_000_000, fmt=fmt)
                     )  # fmt: skip
-                    cells[w.name, server, fmt].runs.append(result)
+                    client = time.process_time() - client_before
+                    server_after = process_cpu_seconds(pid) if pid is not None else None
+                    cell = cells[w.name, server, fmt]
+                    cell.runs.append(result)
+                    answered = max(result.ok, 1)
+                    cell.client_cpu.append(client / answered)
+                    cell.server_cpu.append(
+                        (server_after - server_before) / answered
+                        if server_before is not None and server_after is not None
+                        else math.nan
+                    )
                     print(
                         f"bench_load: {w.name} {server} {fmt} run {rep + 1}/{repeats}: "
                         f"{result.requests_per_s:,.1f} requests/s, p99 "
@@ -320,6 +355,39 @@ def _label(server: ServerName, fmt: Format) -> str:
     return "naive FastAPI (baseline)" if server == BASELINE else f"rnnserve, {fmt}"
 
 
+def _met(report: Report, w: str, fmt: Format) -> bool | None:
+    base, ours = report.cell(w, BASELINE), report.cell(w, RNNSERVE, fmt)
+    if base is None or ours is None or not base.rps > 0 or not base.p(99) > 0:
+        return None
+    speed = ours.rps / base.rps >= TARGET_SPEEDUP[w]
+    return speed and ours.p(99) / base.p(99) <= TARGET_P99_RATIO
+
+
+def _ceilings(report: Report, fmt: Format) -> list[str]:
+    """For each target not met: the most requests/s the measured CPU costs allow here."""
+    lines = []
+    for w in ORDER:
+        base, ours = report.cell(w, BASELINE), report.cell(w, RNNSERVE, fmt)
+        if _met(report, w, fmt) is not False or base is None or ours is None:
+            continue
+        server, client = ours.server_cpu_s, ours.client_cpu_s
+        if math.isnan(server) or server <= 0:
+            continue
+        cores = os.cpu_count() or 1
+        one_core = 1 / server  # one process: its event loop parses and writes on one core
+        shared = cores / (server + client) if not math.isnan(client) else math.nan
+        lines.append(
+            f"- {WORKLOADS[w].describe()}, {fmt}, not met: rnnserve's process used "
+            f"{server * 1e3:.2f} ms of CPU per request and the load generator {client * 1e3:.2f} "
+            f"ms. One process runs its event loop (parsing and writing) on one core, which caps "
+            f"it at {one_core:,.0f} requests/s = {one_core / base.rps:.0f}× the baseline; even "
+            f"with the server spread over every core, server and load generator together would "
+            f"cap it at {_num(shared, 0)} requests/s = {_num(shared / base.rps, 0)}× on this "
+            f"{cores}-core machine, against the {TARGET_SPEEDUP[w]:.0f}× target."
+        )
+    return lines
+
+
 def _target_rows(report: Report, fmt: Format) -> list[str]:
     rows = []
     for w in ORDER:
@@ -364,9 +432,13 @@ def render(report: Report, plots: dict[str, str] | None = None) -> str:
         f"Traveller) with rnnserve's weights, in FastAPI's thread pool with {threads}. Batch "
         "sizes are read from rnnserve's `/metrics` (the baseline has none).",
         "",
+        "Server CPU is the server process's own (every thread) per answered request, read from "
+        "`/proc`; the load generator's is this benchmark's process.",
+        "",
         "| workload | server | requests/s | timesteps/s | p50 ms | p90 ms | p99 ms | errors "
-        "| requests/batch | sequences/batch |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| requests/batch | sequences/batch | server CPU ms/request | load generator CPU "
+        "ms/request |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in report.cells:
         if not c.runs:
@@ -376,7 +448,8 @@ def render(report: Report, plots: dict[str, str] | None = None) -> str:
             f"| {WORKLOADS[c.workload].describe()} | {_label(c.server, c.fmt)} | "
             f"{_num(c.rps)} | {_num(c.steps_per_s, 0)} | {_ms(c.p(50))} | {_ms(c.p(90))} | "
             f"{_ms(c.p(99))} | {errors} | {_num(c.per_batch('requests'))} | "
-            f"{_num(c.per_batch('sequences'))} |"
+            f"{_num(c.per_batch('sequences'))} | {_num(c.server_cpu_s * 1e3, 2)} | "
+            f"{_num(c.client_cpu_s * 1e3, 2)} |"
         )
     lines += [
         "",
@@ -391,6 +464,9 @@ def render(report: Report, plots: dict[str, str] | None = None) -> str:
         *_target_rows(report, "json"),
         *(_target_rows(report, "binary") if report.binary else []),
     ]
+    ceilings = [*_ceilings(report, "json"), *(_ceilings(report, "binary") if report.binary else [])]
+    if ceilings:
+        lines += ["", *ceilings]
     if not report.binary:
         lines += [
             "",

@@ -33,11 +33,13 @@ import asyncio
 import ipaddress
 import json
 import math
+import os
 import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -143,6 +145,22 @@ def loopback_url(url: str) -> str:
         if not loopback:
             raise ValueError(f"{url!r}: refusing to load a non-loopback host ({host!r})")
     return url.rstrip("/")
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) used so far by process ``pid``; None if unknown.
+
+    Read from ``/proc/<pid>/stat`` (Linux), so a benchmark can say what a request costs the
+    server, not only how long it took.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces: count fields from its closing parenthesis
+    fields = stat[stat.rindex(")") + 2 :].split()
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +34,7 @@ from bench.load import (
     percentile,
     poisson_arrivals,
     probe_binary,
+    process_cpu_seconds,
 )
 from bench.naive_server import create_app, start_naive_server
 from tests.e2e.server import Server, free_port, stop
@@ -384,6 +386,46 @@ def test_render_shows_figures_targets_and_plots() -> None:
     for table in _tables(text):
         assert len({row.count("|") for row in table}) == 1, table
         assert table[1].startswith("|---")
+
+
+def test_cpu_per_request_and_the_ceiling_it_sets_for_a_target_not_met() -> None:
+    base = bench_load.Cell("smooth4000", "baseline", "json", [_result("smooth4000", 4, 9000, None)])
+    ours = bench_load.Cell(
+        "smooth4000", "rnnserve", "json", [_result("smooth4000", 160, 500, None)]
+    )
+    ours.server_cpu, ours.client_cpu = [0.005, 0.004, 0.0045], [0.002, math.nan]
+    fast = bench_load.Cell(
+        "smooth4000", "rnnserve", "binary", [_result("smooth4000", 800, 50, None)]
+    )
+    fast.server_cpu, fast.client_cpu = [0.001], [0.0005]
+    report = bench_load.Report([base, ours, fast], 64, 10.0, 3, False, binary=True)
+    text = bench_load.render(report)
+    # medians, in ms: server 4.5, generator 2.0 (NaN runs left out); no figure for the baseline
+    assert "| 500.0 | 0 | – | – | 4.50 | 2.00 |" in text
+    assert "| 9,000.0 | 0 | – | – | – | – |" in text
+    cores = os.cpu_count() or 1
+    # 160/4 = 40x < 100x: not met, so the ceiling is given; 1 / 4.5 ms = 222/s = 56x
+    assert (
+        "rnnserve's process used 4.50 ms of CPU per request and the load generator 2.00 ms" in text
+    )
+    assert "caps it at 222 requests/s = 56× the baseline" in text
+    shared = cores / 0.0065
+    assert f"cap it at {shared:,.0f} requests/s = {shared / 4:,.0f}× on this {cores}-core" in text
+    assert text.count("not met: rnnserve's process") == 1  # binary: 200x, met, no line
+    for table in _tables(text):
+        assert len({row.count("|") for row in table}) == 1, table
+
+
+def test_process_cpu_seconds_counts_this_process() -> None:
+    before = process_cpu_seconds(os.getpid())
+    assert before is not None
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.2:  # busy: CPU, not wall time
+        pass
+    after = process_cpu_seconds(os.getpid())
+    assert after is not None
+    assert 0.1 <= after - before <= 1.0
+    assert process_cpu_seconds(2**22 + 12345) is None  # no such process
 
 
 def test_plots_are_drawn_from_sweep_data(tmp_path: Path) -> None:
