@@ -65,6 +65,8 @@ NDJSON = "application/x-ndjson"
 BinaryMode = Literal["auto", "always", "never"]
 #: Statuses that mean "try again later": the server did not run the request.
 RETRY_STATUSES = frozenset({429, 503})
+#: The request header that tells the server the call's remaining deadline, in seconds.
+TIMEOUT_HEADER = "X-Request-Timeout"
 #: In ``binary="auto"``, these answers to a binary request mean "this server takes JSON only".
 FALLBACK_STATUSES = frozenset({400, 415})
 _FIRST_BACKOFF_S = 0.1  # without Retry-After: 0.1, 0.2, 0.4 ... s (capped), plus jitter
@@ -150,6 +152,8 @@ def _error_from(status: int, body: bytes, headers: httpx.Headers) -> RnnserveErr
     cls: type[RnnserveError]
     if status in RETRY_STATUSES:
         cls = Overloaded
+    elif status == 504 and kind == "deadline_exceeded":
+        cls = DeadlineExceeded  # the server's side of the deadline the call sent it
     elif status == 404 and (kind == "unknown_model" or loc == ["model"]):
         cls = ModelNotFound
     elif 400 <= status < 500:
@@ -323,10 +327,11 @@ def _decode_line(line: str, batch: _Batch) -> Chunk | str:
         raise ProtocolError(f"unreadable stream line: {exc}") from None
     if "error" in msg:
         err = msg["error"]
-        raise ServerError(
+        expired = err.get("type") == "deadline_exceeded"  # the deadline the call sent
+        raise (DeadlineExceeded if expired else ServerError)(
             str(err.get("detail", "the rollout failed")),
-            status=500,  # what the server records for it; the stream itself began with 200
-            type=err.get("type"),
+            status=504 if expired else 500,  # what the server records for it (the stream
+            type=err.get("type"),  # itself began with 200)
             loc=err.get("loc") or [],
         )
     if msg.get("done"):
@@ -400,6 +405,14 @@ class _Deadline:
             detail += f"; last answer: {last}"
             return DeadlineExceeded(detail, status=last.status, type=last.type, loc=last.loc)
         return DeadlineExceeded(detail)
+
+    def header(self) -> dict[str, str]:
+        """``X-Request-Timeout: <seconds left>`` for a request sent now (none without a
+        deadline), so the server drops the work once nobody waits for it."""
+        left = self.remaining()
+        if left is None:
+            return {}
+        return {TIMEOUT_HEADER: f"{max(left, 0.001):.3f}"}
 
     def probe(self) -> float:
         """The timeout of one readiness probe: a second at most, never past the deadline."""
@@ -667,8 +680,9 @@ class Client:
         while True:
             attempt.deadline.check("no answer")
             timeout = attempt.deadline.httpx_timeout()
+            sent = {**headers, **attempt.deadline.header()}  # what is left now, at each retry
             request = self._http.build_request(
-                method, path, content=body, headers=headers, timeout=timeout
+                method, path, content=body, headers=sent, timeout=timeout
             )
             try:
                 response = self._http.send(request, stream=stream)
@@ -908,8 +922,9 @@ class AsyncClient:
         while True:
             attempt.deadline.check("no answer")
             timeout = attempt.deadline.httpx_timeout()
+            sent = {**headers, **attempt.deadline.header()}  # what is left now, at each retry
             request = self._http.build_request(
-                method, path, content=body, headers=headers, timeout=timeout
+                method, path, content=body, headers=sent, timeout=timeout
             )
             try:
                 response = await self._http.send(request, stream=stream)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +23,7 @@ import torch
 import models
 from models.packing import pack, unpack
 from rnnserve.client import AsyncClient, BadRequest, Client, DeadlineExceeded, ModelNotFound
+from tests.e2e import rawhttp
 from tests.e2e.server import Server, start_server, stop
 from tests.metrics import value
 
@@ -147,15 +152,22 @@ def test_closing_a_stream_early_drops_the_rollout(server: Server, client: Client
     assert metric(server, "rnnserve_batch_timesteps_sum", model="traveller") - ran < steps / 2
 
 
+def dropped_rollouts(server: Server) -> float:
+    """Rollouts the server dropped: past their deadline (504) or with their client gone (499)."""
+    expired = metric(server, "rnnserve_requests_expired_total", endpoint="rollout")
+    return expired + metric(server, "rnnserve_requests_cancelled_total", endpoint="rollout")
+
+
 def test_a_deadline_stops_a_long_rollout(server: Server, client: Client) -> None:
-    cancelled = metric(server, "rnnserve_requests_cancelled_total", endpoint="rollout")
+    dropped = dropped_rollouts(server)
     started = time.monotonic()
     with pytest.raises(DeadlineExceeded):
         client.rollout(np.full((100_000, 6), 0.1, dtype=np.float32), timeout=0.5)
     assert time.monotonic() - started < 3
-    # the client closed its connection, so the server dropped the rollout
+    # the server dropped the rollout: at the deadline the client sent it (X-Request-Timeout),
+    # or when the client closed its connection at the same moment
     deadline = time.monotonic() + 30
-    while metric(server, "rnnserve_requests_cancelled_total", endpoint="rollout") == cancelled:
+    while dropped_rollouts(server) == dropped:
         assert time.monotonic() < deadline, "the server still runs a rollout nobody waits for"
         time.sleep(0.02)
 
@@ -206,3 +218,70 @@ def test_the_example_script_runs(server: Server) -> None:
     assert done.returncode == 0, done.stderr
     assert "smooth: (100, 16); rollout: [(50, 2), (7, 2)]" in done.stdout
     assert "streamed by model traveller" in done.stdout
+
+
+class RecordingProxy:
+    """A TCP proxy in front of the server that keeps every byte the client sent."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.sent = bytearray()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return
+            up = rawhttp.connect(self.upstream)
+            threading.Thread(target=self._pump, args=(down, up, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(up, down, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, record: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if record:
+                    self.sent += data
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def timeouts_sent(self) -> list[float]:
+        """The X-Request-Timeout values of every request the client sent, in order."""
+        return [float(v) for v in re.findall(rb"(?i)\r\nx-request-timeout: *([0-9.]+)", self.sent)]
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_the_client_sends_its_deadline_and_the_server_drops_the_work(server: Server) -> None:
+    proxy = RecordingProxy(server.url)
+    try:
+        with Client(proxy.url, timeout=60) as c:
+            xs = seqs(16, 30)
+            same(c.smooth(xs), server_json(server, "/smooth", "sequences", xs))
+            sent = proxy.timeouts_sent()
+            assert len(sent) == 1
+            assert 0 < sent[0] <= 60  # what was left of the call's 60 s: accepted (no 400)
+            dropped = dropped_rollouts(server)
+            with pytest.raises(DeadlineExceeded):
+                c.rollout(np.full((100_000, 6), 0.1, dtype=np.float32), timeout=0.5)
+            sent = proxy.timeouts_sent()
+            assert len(sent) == 2
+            assert 0 < sent[1] <= 0.5
+    finally:
+        proxy.close()
+    # the server dropped the rollout: at its own deadline (504), or when the client hung up
+    # at the same moment (499), whichever it saw first; it never ran to the end
+    deadline = time.monotonic() + 30
+    while metric(server, "rnnserve_requests_in_flight", endpoint="rollout") > 0:
+        assert time.monotonic() < deadline, "the server still runs a rollout nobody waits for"
+        time.sleep(0.02)
+    assert dropped_rollouts(server) - dropped == 1

@@ -43,6 +43,7 @@ from service.config import Settings
 
 URL = "http://rnnserve"
 SAFETENSORS = "application/x-safetensors"
+NDJSON_HEADERS = {"content-type": "application/x-ndjson"}
 rng = np.random.default_rng(7)
 
 
@@ -416,6 +417,46 @@ def test_deadline_covers_the_retries() -> None:
         mock(handler, timeout=1.0).smooth(np.zeros((2, 16)))
     assert len(seen) == 1
     assert time.monotonic() - started < 0.5
+
+
+def test_each_attempt_tells_the_server_the_deadline_left() -> None:
+    handler, seen = scripted(busy("0.2"), ok_smooth())
+    mock(handler, timeout=5.0).smooth(np.zeros((2, 16)))
+    first, second = (float(r.headers["x-request-timeout"]) for r in seen)
+    assert 0 < first <= 5.0
+    assert second <= first - 0.2  # the retry sends what is left after its 0.2 s wait
+    handler, seen = scripted(ok_smooth())
+    mock(handler, timeout=None).smooth(np.zeros((2, 16)))
+    assert "x-request-timeout" not in seen[0].headers  # no deadline: nothing to send
+    mock(handler, timeout=None).smooth(np.zeros((2, 16)), timeout=0.25)
+    assert 0 < float(seen[1].headers["x-request-timeout"]) <= 0.25
+
+
+async def test_the_async_client_and_streams_send_the_deadline_left() -> None:
+    handler, seen = scripted(ok_smooth())
+    async with AsyncClient(URL, transport=httpx.MockTransport(handler), timeout=3.0) as c:
+        await c.smooth(np.zeros((2, 16)))
+    assert 0 < float(seen[0].headers["x-request-timeout"]) <= 3.0
+    lines = [{"model": "traveller", "done": True}]
+    handler, seen = scripted(httpx.Response(200, stream=Body(lines), headers=NDJSON_HEADERS))
+    with mock(handler) as c, c.stream_rollout(np.zeros((2, 6)), timeout=7.0) as stream:
+        assert list(stream) == []
+    assert 0 < float(seen[0].headers["x-request-timeout"]) <= 7.0
+
+
+def test_the_servers_504_for_the_deadline_is_deadline_exceeded() -> None:
+    body = {"detail": "the request's deadline passed after 0.500 s", "type": "deadline_exceeded"}
+    handler, _ = scripted(httpx.Response(504, json={**body, "loc": []}))
+    with pytest.raises(DeadlineExceeded) as exc:
+        mock(handler).smooth(np.zeros((2, 16)), timeout=0.5)
+    assert (exc.value.status, exc.value.type) == (504, "deadline_exceeded")
+    lines = [{"error": {"detail": "the request's deadline passed", "type": "deadline_exceeded"}}]
+    handler, _ = scripted(httpx.Response(200, stream=Body(lines), headers=NDJSON_HEADERS))
+    with mock(handler) as c, pytest.raises(DeadlineExceeded):
+        list(c.stream_rollout(np.zeros((2, 6))))
+    handler, _ = scripted(httpx.Response(504, text="gateway timeout"))  # a proxy's: not ours
+    with pytest.raises(ServerError):
+        mock(handler).smooth(np.zeros((2, 16)))
 
 
 @pytest.fixture
