@@ -13,7 +13,15 @@ spread, in µs per time step, and as a ratio against a floor measured in the sam
   MEASURED.md); on CUDA a device-to-device copy of the same bytes;
 - Traveller: PyTorch's teacher-forced ``nn.LSTM`` (oneDNN on the CPU, cuDNN on CUDA) + output
   layer over the same padded batch, in one call (the bound: it skips the feedback, so it can run
-  the whole sequence in one library call).
+  the whole sequence in one library call);
+- seed 003's GRU encoder (``examples/gru_encoder.py``: ``nn.GRU(6, 200, 2 layers)`` ->
+  ``nn.Linear(200, 4)`` -> L2 norm per step), served as your own model: the user's plain module
+  over the same padded batch in one call (the floor), against the served kinds on the packed
+  batch (``recurrent``: the exported weights; ``torchscript``: the scripted packed-signature
+  module) and the unbatched ways (the module once per sequence; a ``GRUCell`` loop per step).
+
+``--only encoder`` runs the GRU encoder rows alone and puts them into an earlier run's section
+(between their own markers inside it), leaving the smoother and Traveller figures as they were.
 
 JAX (the optional ``bench`` extra) is measured in the same rounds: ``lax.scan`` and
 ``lax.associative_scan`` for the smoother, ``lax.scan`` of the autoregressive rollout
@@ -74,6 +82,11 @@ BEGIN = "<!-- bench_models:begin -->"
 END = "<!-- bench_models:end -->"
 BEGIN_CUDA = "<!-- bench_models_cuda:begin -->"
 END_CUDA = "<!-- bench_models_cuda:end -->"
+# the GRU encoder's subsection inside the section above (--only encoder rewrites just this part)
+BEGIN_ENCODER = "<!-- bench_models_encoder:begin -->"
+END_ENCODER = "<!-- bench_models_encoder:end -->"
+BEGIN_ENCODER_CUDA = "<!-- bench_models_encoder_cuda:begin -->"
+END_ENCODER_CUDA = "<!-- bench_models_encoder_cuda:end -->"
 DEFAULT_OUT = Path("docs/BENCHMARKS.md")
 TOLERANCE = 1e-5  # max abs error against the float64 reference, over the real steps
 
@@ -130,6 +143,8 @@ class Plan:
     seed_smoother_rows: int = 60_000  # the seed-style smoother loop only up to this many rows
     seed_rollout_rows: int = 5_000  # the seed-style rollout loop only up to this many rows
     feat_dim: int = 16
+    encoder_shapes: tuple[tuple[int, int], ...] = ((1, 1000), (64, 500))  # GRU encoder (B, T)
+    cell_loop_rows: int = 5_000  # the GRUCell loop (per sequence, per step) up to this many rows
 
 
 PLANS = {
@@ -150,6 +165,7 @@ PLANS = {
         rounds=3,
         slow_rounds=1,
         sample_s=0.002,
+        encoder_shapes=((1, 20), (4, 10)),
     ),
     ("cuda", False): Plan(
         device="cuda",
@@ -161,6 +177,8 @@ PLANS = {
         sample_s=0.03,
         seed_smoother_rows=0,  # Python loops of single-row CUDA ops: minutes per call
         seed_rollout_rows=0,
+        encoder_shapes=((1, 1000), (64, 500), (1024, 200)),
+        cell_loop_rows=0,
     ),
     ("cuda", True): Plan(
         device="cuda",
@@ -170,6 +188,7 @@ PLANS = {
         rounds=3,
         slow_rounds=1,
         sample_s=0.002,
+        encoder_shapes=((1, 20), (4, 10)),
         seed_smoother_rows=0,
         seed_rollout_rows=0,
     ),
@@ -468,6 +487,8 @@ class Row:
 class Results:
     smoother: list[Row] = field(default_factory=list)
     traveller: list[Row] = field(default_factory=list)
+    encoder: list[Row] = field(default_factory=list)
+    encoder_compile: list[tuple[str, str]] = field(default_factory=list)  # (what, figure)
     compile: list[tuple[str, str]] = field(default_factory=list)  # (what, figure)
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (name, shape, why)
     failed: list[tuple[str, str, str]] = field(default_factory=list)  # (name, shape, why)
@@ -482,6 +503,12 @@ JAX_ASSOC = "JAX lax.associative_scan"
 JAX_ROLLOUT = "JAX lax.scan rollout (padded)"
 SEED_SMOOTHER = "seed-style (loops over sequences and steps)"
 SEED_ROLLOUT = "seed-style (nn.LSTM per step, per sequence)"
+ENCODER_FLOOR = "your nn.Module on the padded batch, one call (floor)"
+ENCODER_RECURRENT = "kind recurrent (exported weights), packed batch"
+ENCODER_TORCHSCRIPT = "kind torchscript (scripted forward(data, batch_sizes)), packed batch"
+ENCODER_PER_SEQUENCE = "your nn.Module once per sequence (no batching)"
+ENCODER_CELL_LOOP = "GRUCell loop, per sequence and step (the tests' reference)"
+ENCODER_COMPILE = "torch.jit.script(PackedGRUEncoder)"
 GRAPH_SUFFIX = ", in one CUDA graph"
 
 Builder = Callable[[], Case]
@@ -850,6 +877,103 @@ class Suite:
         except Exception as e:  # a backend module that is half there
             self.res.notes.append(f'`rollout_backend_fn("auto")` failed here: {e}')
 
+    # -- the GRU encoder (your own model) ---------------------------------------------------
+
+    def encoder_builders(self, seqs: Sequence[Tensor], label: str) -> list[tuple[str, Builder]]:
+        from examples.gru_encoder import GRUEncoder, PackedGRUEncoder, gru_cell_loop, make
+        from models import export, torchscript
+
+        plan, dev = self.plan, self.device
+        lengths = [len(s) for s in seqs]
+        with torch.inference_mode(False):  # parameters stay normal tensors, as when served
+            user: GRUEncoder = make().eval().requires_grad_(False)
+            user64 = copy.deepcopy(user).double()
+        with torch.no_grad():  # the float64 reference: the user's module, one sequence a call
+            ref = np.zeros((len(seqs), max(lengths), 4))
+            for i, seq in enumerate(seqs):
+                ref[i, : len(seq)] = user64(seq.double()[:, None])[:, 0].numpy()
+        x = pack(seqs, dev)
+
+        def floor() -> Case:
+            padded, _ = pad_packed_sequence(x)  # [T, B, 6], time-major as the seed's module
+            model = copy.deepcopy(user).to(dev)
+
+            def fn() -> Tensor:
+                out: Tensor = model(padded)
+                return out
+
+            got = fn().transpose(0, 1).cpu().double().numpy()
+            return Case(ENCODER_FLOOR, fn, self.wait, err=check(ENCODER_FLOOR, got, ref, lengths))
+
+        def recurrent() -> Case:
+            found = export.find_in_module(user)
+            with torch.inference_mode(False):
+                model = export.to_recurrent(found, export.config_of(found, "l2_normalize", {}))
+                model = model.to(dev)
+            out = cast(PackedSequence, model(x))
+            err = check(ENCODER_RECURRENT, packed_to_padded(out), ref, lengths)
+            return Case(ENCODER_RECURRENT, lambda: model(x), self.wait, err=err)
+
+        def scripted() -> Case:
+            with torch.inference_mode(False):
+                start = time.perf_counter()
+                module = torch.jit.script(PackedGRUEncoder(copy.deepcopy(user)).to(dev))
+                script_s = time.perf_counter() - start
+            if label == shape_label(*plan.encoder_shapes[0]):
+                self.res.encoder_compile.append((ENCODER_COMPILE, _fmt_s(script_s)))
+            model = torchscript.TorchScriptModel(module, 6, 4)
+            self.wait(None)
+            start = time.perf_counter()
+            out = cast(PackedSequence, model(x))
+            self.wait(out)
+            first = _fmt_s(time.perf_counter() - start)
+            self.res.encoder_compile.append((f"kind torchscript, first call ({label})", first))
+            err = check(ENCODER_TORCHSCRIPT, packed_to_padded(out), ref, lengths)
+            return Case(ENCODER_TORCHSCRIPT, lambda: model(x), self.wait, err=err)
+
+        def per_sequence() -> Case:
+            model = copy.deepcopy(user).to(dev)
+            on_dev = [s.to(dev)[:, None] for s in seqs]  # [T_i, 1, 6] each
+
+            def fn() -> list[Tensor]:
+                return [model(s) for s in on_dev]
+
+            got = torch.nn.utils.rnn.pad_sequence([y[:, 0].cpu() for y in fn()], batch_first=True)
+            err = check(ENCODER_PER_SEQUENCE, got.double().numpy(), ref, lengths)
+            return Case(ENCODER_PER_SEQUENCE, fn, self.wait, err=err)
+
+        def cell_loop() -> Case:
+            if self.cuda:
+                raise Unavailable("per-step GRUCell calls of one row: minutes per call on CUDA")
+            if sum(lengths) > plan.cell_loop_rows:
+                raise Unavailable(
+                    f"{sum(lengths):,} sequence steps in one call; the B=1 row gives its cost "
+                    "per step"
+                )
+
+            def fn() -> list[Tensor]:
+                return [gru_cell_loop(user, s) for s in seqs]
+
+            got = torch.nn.utils.rnn.pad_sequence(fn(), batch_first=True)
+            err = check(ENCODER_CELL_LOOP, got.double().numpy(), ref, lengths)
+            return Case(ENCODER_CELL_LOOP, fn, slow=True, err=err)
+
+        return [
+            (ENCODER_FLOOR, floor),
+            (ENCODER_RECURRENT, recurrent),
+            (ENCODER_TORCHSCRIPT, scripted),
+            (ENCODER_PER_SEQUENCE, per_sequence),
+            (ENCODER_CELL_LOOP, cell_loop),
+        ]
+
+    def bench_encoder(self) -> None:
+        for i, (batch, steps) in enumerate(self.plan.encoder_shapes):
+            label = shape_label(batch, steps)
+            _log(f"GRU encoder {label}")
+            seqs = random_sequences(half_spread_lengths(batch, steps), 6, seed=300 + i)
+            builders = self.encoder_builders(seqs, label)
+            self.run_shape(builders, self.res.encoder, batch, steps, sum(len(s) for s in seqs))
+
     # -- compile times ----------------------------------------------------------------------
 
     def bench_compile(self, base: Traveller) -> None:
@@ -1208,9 +1332,120 @@ def _expectations_cuda(res: Results, gpu: str) -> list[str]:
     return out
 
 
-def _skipped_lines(res: Results) -> list[str]:
+ENCODER_NAMES = (
+    ENCODER_FLOOR,
+    ENCODER_RECURRENT,
+    ENCODER_TORCHSCRIPT,
+    ENCODER_PER_SEQUENCE,
+    ENCODER_CELL_LOOP,
+)
+
+
+def _expectations_encoder(rows: Sequence[Row]) -> list[str]:
+    out = []
+    for shape in dict.fromkeys(r.shape for r in rows):
+        by = {r.name: r for r in rows if r.shape == shape}
+        floor = by.get(ENCODER_FLOOR)
+        if floor is None:
+            continue
+        active = floor.packed_rows / (floor.batch * floor.steps)
+        rec, ts = by.get(ENCODER_RECURRENT), by.get(ENCODER_TORCHSCRIPT)
+        per, loop = by.get(ENCODER_PER_SEQUENCE), by.get(ENCODER_CELL_LOOP)
+        expect = (
+            "about 1× (the same GRU kernels on the same rows, plus the packing bookkeeping)"
+            if floor.batch == 1
+            else f"at most 1× and down to {active:.2f}× (the packed batch runs the "
+            f"{floor.packed_rows:,} real steps; the padded floor runs all "
+            f"{floor.batch * floor.steps:,})"
+        )
+        if rec is not None:
+            out.append(
+                f"- {shape}: kind recurrent {_fmt_ratio(rec.ratio)} the floor; expected "
+                f"{expect} — {_verdict(rec.ratio, 1.0 if floor.batch == 1 else active)} it."
+            )
+        if rec is not None and ts is not None:
+            out.append(
+                f"- {shape}: kind torchscript {_fmt_ratio(ts.ratio)} the floor, "
+                f"{ts.timing.median / rec.timing.median:.2f}× kind recurrent's time (expected "
+                "about 1×: the same ATen GRU call, behind TorchScript's interpreter)."
+            )
+        if per is not None and floor.batch > 1:
+            out.append(
+                f"- {shape}: one call per sequence {_fmt_ratio(per.ratio)} the floor: what "
+                f"batching {floor.batch} sequences into one call saves."
+            )
+        if loop is not None:
+            us = loop.timing.median / loop.packed_rows * 1e6
+            out.append(
+                f"- {shape}: the GRUCell loop {_fmt_ratio(loop.ratio)} the floor "
+                f"({us:.0f} µs per sequence step: Python and per-call overhead, not arithmetic)."
+            )
+    return out or ["- no GRU encoder row was measured."]
+
+
+def render_encoder(
+    res: Results, plan: Plan, separate: str | None = None, cuda: bool = False
+) -> list[str]:
+    """The GRU encoder's subsection, between its own markers; ``separate`` says when and where
+    it was measured if not in the same run as the rest of the section."""
+    begin, end = (BEGIN_ENCODER_CUDA, END_ENCODER_CUDA) if cuda else (BEGIN_ENCODER, END_ENCODER)
+    rows = res.encoder
+    shapes = list(dict.fromkeys(r.shape for r in rows))
+    heads = [
+        f"{r.shape} (N={r.packed_rows:,}; padded {r.batch * r.steps:,})"
+        for r in rows
+        if r.name == ENCODER_FLOOR
+    ]
+    lib = "cuDNN" if cuda else "oneDNN"
+    lines = [
+        begin,
+        "### GRU encoder: your own model (seed 003)",
+        "",
+        "`examples/gru_encoder.py`: `nn.GRU(6, 200, num_layers=2)` → `nn.Linear(200, 4)` → each "
+        "output step divided by its L2 norm, served as your own model. Floor: the user's plain "
+        f"`nn.Module` over the same padded batch `[T, B, 6]` in one call ({lib}). The served "
+        "kinds run the packed batch: `recurrent` (the weights exported by `python -m "
+        "models.export`: one packed `nn.GRU` call, the head on the packed rows) and "
+        "`torchscript` (`PackedGRUEncoder` scripted, called as `forward(data, batch_sizes)`). "
+        "Each cell: × floor · median per call · µs per step; lengths T/2..T. Checked against "
+        f"the user's module in float64 (≤ {TOLERANCE:g}).",
+        "",
+    ]
+    if separate:
+        lines += [separate, ""]
+    if rows:
+        lines += [
+            *_summary_table(rows, shapes, heads),
+            "",
+            *_detail_table(rows, ref="floor"),
+            "",
+        ]
+    else:
+        lines += ["Not measured in this run.", ""]
+    if res.encoder_compile:
+        lines += [
+            "Compile and first calls: "
+            + "; ".join(f"{what}: {fig}" for what, fig in res.encoder_compile)
+            + ".",
+            "",
+        ]
+    failed = [f for f in res.failed if f[0] in ENCODER_NAMES]
+    if failed:
+        lines += [f"- FAILED {name} ({shape}): {why}" for name, shape, why in failed] + [""]
+    skipped = _skipped_lines(res, only=ENCODER_NAMES)
+    if skipped:
+        lines += ["Not measured:", "", *skipped, ""]
+    if rows:
+        lines += ["What we expected / what we got:", "", *_expectations_encoder(rows), ""]
+    lines.append(end)
+    return lines
+
+
+def _skipped_lines(res: Results, only: Sequence[str] | None = None) -> list[str]:
     grouped: dict[tuple[str, str], list[str]] = {}
     for name, shape, why in res.skipped:
+        if (only is None and name in ENCODER_NAMES) or (only is not None and name not in only):
+            continue  # the encoder's are listed in its own subsection
         grouped.setdefault((name, why), []).append(shape)
     return [f"- {name} ({'; '.join(shapes)}): {why}" for (name, why), shapes in grouped.items()]
 
@@ -1300,6 +1535,8 @@ def render(
         *_detail_table(res.traveller, ref="bound"),
         "",
         *(f"{note}\n" for note in res.notes),
+        *render_encoder(res, plan, cuda=cuda),
+        "",
         "### Compile, first-call and capture times",
         "",
         "| what | time |",
@@ -1307,15 +1544,17 @@ def render(
         *(f"| {what} | {fig} |" for what, fig in res.compile),
         "",
     ]
-    if res.failed:
+    failed = [f for f in res.failed if f[0] not in ENCODER_NAMES]
+    if failed:
         lines += [
             "### FAILED: disagreed with the float64 reference or raised (not timed)",
             "",
-            *(f"- {name} ({shape}): {why}" for name, shape, why in res.failed),
+            *(f"- {name} ({shape}): {why}" for name, shape, why in failed),
             "",
         ]
-    if res.skipped:
-        lines += ["### Not measured in this run", "", *_skipped_lines(res), ""]
+    skipped = _skipped_lines(res)
+    if skipped:
+        lines += ["### Not measured in this run", "", *skipped, ""]
     lines += ["### What we expected / what we got", ""]
     if plan.quick:
         lines.append(
@@ -1340,6 +1579,33 @@ def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) 
         text = text.rstrip("\n") + "\n\n" + section
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+
+
+def write_encoder(path: Path, block: str, cuda: bool = False) -> None:
+    """Put the GRU encoder's subsection into the section of an earlier run in ``path``
+    (replacing its earlier rows), or, with no such section, write a section of its own."""
+    begin, end = (BEGIN_CUDA, END_CUDA) if cuda else (BEGIN, END)
+    sub_begin, sub_end = (
+        (BEGIN_ENCODER_CUDA, END_ENCODER_CUDA) if cuda else (BEGIN_ENCODER, END_ENCODER)
+    )
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        section, tail = rest.split(end, 1)
+        if sub_begin in section and sub_end in section:
+            before, after = section.split(sub_begin, 1)
+            section = before + block.rstrip("\n") + after.split(sub_end, 1)[1]
+        else:  # before the compile table, where a full run puts it
+            marker = "### Compile, first-call and capture times"
+            if marker in section:
+                before, after = section.split(marker, 1)
+                section = before + block + "\n" + marker + after
+            else:
+                section = section.rstrip("\n") + "\n\n" + block
+        path.write_text(head + begin + section + end + tail, encoding="utf-8")
+        return
+    title = f"## Model kernels{' on CUDA' if cuda else ''} (`python -m bench.bench_models`)"
+    write_section(path, f"{begin}\n{title}\n\n{block}{end}\n", begin, end)
 
 
 def _machine(suite: Suite, pinned: str) -> str:
@@ -1387,6 +1653,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-pin", action="store_true", help="on the CPU, do not pin the process to one core"
     )
+    parser.add_argument(
+        "--only",
+        choices=("all", "encoder"),
+        default="all",
+        help="encoder: only the GRU encoder rows, put into an earlier run's section",
+    )
     args = parser.parse_args(argv)
     plan = PLANS[(args.device, args.quick)]
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -1409,12 +1681,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(os, "getloadavg"):
         load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     t0 = time.perf_counter()
-    suite = Suite(plan, use_jax=not args.no_jax)
+    suite = Suite(plan, use_jax=not args.no_jax and args.only == "all")
+    if args.only == "encoder":
+        with torch.inference_mode():
+            suite.bench_encoder()
+        wall = time.perf_counter() - t0
+        command = " ".join(["python -m bench.bench_models", *(argv or sys.argv[1:])])
+        separate = (
+            f"*Measured on its own (`{command}`) "
+            f"on {started.strftime('%Y-%m-%d %H:%M UTC')} in {wall:.0f} s, load average at start "
+            f"{load}; {_machine(suite, pinned)}. The rest of this section is from the run "
+            "described above."
+            + ("" if suite.cuda else " A shared, noisy machine: read the ratios, not the times.")
+            + "*"
+        )
+        block = "\n".join(render_encoder(suite.res, plan, separate, suite.cuda)) + "\n"
+        write_encoder(args.out, block, suite.cuda)
+        print(block)
+        _log(f"wrote the GRU encoder rows into {args.out}")
+        return 1 if suite.res.failed else 0
     base = make_traveller()
     with torch.inference_mode():
         suite.bench_compile(base)
         suite.bench_smoother()
         suite.bench_traveller(base)
+        suite.bench_encoder()
     section = render(
         suite.res, plan, started, time.perf_counter() - t0, load, _machine(suite, pinned)
     )
