@@ -229,3 +229,48 @@ def test_one_start_up_line_per_model() -> None:
     )  # fmt: skip
     assert line == "model traveller: traveller on cpu, backend numba, 203010 parameters"
     assert "backend" in model_line("smoother", {"kind": "smoother", "device": "cpu"})
+
+
+# -- one path per served model, real answers ---------------------------------------------------
+
+
+def test_a_path_per_model_with_its_widths_and_no_made_up_answers() -> None:
+    mine = Fake("my enc", "recurrent", 6, {"shapes": {"input": ["T", 6], "output": ["T", 4]}})
+    schema = build(served(*BUNDLED.values(), mine))
+    paths = schema["paths"]
+    op = paths["/models/my%20enc/infer"]["post"]
+    step = body(schema, "/models/my%20enc/infer")["application/json"]["schema"]["properties"][
+        "inputs"]["items"]["items"]  # fmt: skip
+    assert step["minItems"] == step["maxItems"] == 6
+    answer = op["responses"]["200"]["content"]["application/json"]["schema"]
+    out_step = answer["properties"]["outputs"]["items"]["items"]
+    assert out_step["minItems"] == out_step["maxItems"] == 4
+    assert op["operationId"] == "infer_my_enc"
+    assert "recurrent: 6 features -> 4 outputs per step" in op["summary"]
+    example = body(schema, "/models/my%20enc/infer")["application/json"]["examples"]["example"]
+    assert [len(seq) for seq in example["value"]["inputs"]] == [3, 2]
+    assert {len(step) for seq in example["value"]["inputs"] for step in seq} == {6}
+    # the fakes computed no answers: no 200 examples at all, rather than invented numbers
+    for path in ("/models/my%20enc/infer", "/smooth", "/rollout"):
+        ok = paths[path]["post"]["responses"]["200"]["content"]
+        assert "examples" not in ok["application/json"], path
+        assert "example" not in ok["application/json"], path
+    assert "example" not in paths["/rollout"]["post"]["responses"]["200"]["content"][
+        "application/x-ndjson"]  # fmt: skip
+
+
+def test_the_answers_are_the_runtimes_and_the_stream_is_cut_in_chunks() -> None:
+    outputs = [[[0.5, -0.25], [0.125, 1.0], [0.0, 0.75]], [[1.5, 2.5], [3.5, 4.5]]]
+    traveller = Fake("traveller", "traveller", 6, {"example": {"inputs": [], "outputs": outputs}})
+    schema = build(served(traveller), rollout_chunk_steps=2)
+    op = schema["paths"]["/rollout"]["post"]
+    answers = op["responses"]["200"]["content"]["application/json"]["examples"]
+    assert answers["default model"]["value"] == {"model": "traveller", "positions": outputs}
+    assert answers["model traveller"]["value"]["positions"] == outputs
+    stream = op["responses"]["200"]["content"]["application/x-ndjson"]["example"]
+    assert stream.splitlines() == [
+        '{"sequence":0,"start":0,"positions":[[0.5,-0.25],[0.125,1.0]]}',
+        '{"sequence":1,"start":0,"positions":[[1.5,2.5],[3.5,4.5]]}',
+        '{"sequence":0,"start":2,"positions":[[0.0,0.75]]}',
+        '{"model":"traveller","done":true}',
+    ]
