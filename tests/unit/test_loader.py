@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import models
 from models.packing import pack
+from models.recurrent import RecurrentConfig, RecurrentModel
 from models.traveller import Traveller
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,3 +115,196 @@ def test_describe() -> None:
     assert info["kind"] == "traveller"
     assert info["shapes"] == {"input": ["T", 6], "output": ["T", 2]}
     assert info["parameters"] == sum(p.numel() for p in models.load("traveller").parameters())
+
+
+# -- from the mutation run (scripts/mutation.sh models/__init__.py) ----------------------------
+
+
+def _meta(path: Path) -> dict[str, str]:
+    with safe_open(str(path), framework="pt") as f:
+        meta: dict[str, str] = f.metadata()
+    return meta
+
+
+def test_save_writes_kind_and_config_of_every_kind(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    smoother = models.build("smoother", {"feat_dim": 3})
+    with torch.no_grad():
+        smoother.alpha_smooth.copy_(torch.tensor([0.1, 0.2, 0.3]))
+    recurrent = models.build("recurrent", {"cell": "gru", "input_size": 3, "hidden_size": 4})
+    for name, model, kind, config in [
+        ("s", smoother, "smoother", {"feat_dim": 3}),  # alpha is in the weights, not the config
+        ("r", recurrent, "recurrent", {"cell": "gru", "input_size": 3, "hidden_size": 4,
+                                       "num_layers": 1, "head_size": 1, "activation": "none",
+                                       "bias": True, "head_bias": True}),
+    ]:  # fmt: skip
+        models.save(model, tmp_path / f"{name}.safetensors")
+        meta = _meta(tmp_path / f"{name}.safetensors")
+        assert meta["kind"] == kind
+        assert json.loads(meta["config"]) == config
+        loaded = models.load(name, tmp_path)
+        assert type(loaded) is type(model)
+        assert loaded.state_dict().keys() == model.state_dict().keys()
+        for key, value in model.state_dict().items():
+            assert torch.equal(loaded.state_dict()[key], value), f"{name}.{key}"
+
+
+def test_build_each_kind_and_refuse_unknown_ones() -> None:
+    recurrent = models.build("recurrent", {"cell": "lstm", "input_size": 2, "hidden_size": 3})
+    assert isinstance(recurrent, RecurrentModel)
+    assert recurrent.config == RecurrentConfig("lstm", 2, 3)
+    smoother = models.build("smoother", {"feat_dim": 5})
+    assert isinstance(smoother, models.LinearRecursion)
+    assert smoother.feat_dim == 5
+    with pytest.raises(ValueError, match=r"^unknown model kind") as err:
+        models.build("nope", {})
+    assert str(err.value) == (
+        "unknown model kind 'nope'; known kinds: smoother, traveller, recurrent"
+    )
+
+
+def test_not_an_rnnserve_model_is_named(tmp_path: Path) -> None:
+    with pytest.raises(TypeError) as err:
+        models.save(torch.nn.Linear(2, 2), tmp_path / "x.safetensors")
+    assert str(err.value) == "not an rnnserve model: Linear"
+    with pytest.raises(TypeError) as err:
+        models.describe(torch.nn.GRU(2, 2))
+    assert str(err.value) == "not an rnnserve model: GRU"
+    with pytest.raises(TypeError) as err:
+        models.kind_of(torch.nn.Linear(2, 2))
+    assert str(err.value) == "not an rnnserve model: Linear"
+
+
+def test_describe_every_kind() -> None:
+    assert models.describe(models.load("smoother")) == {
+        "kind": "smoother",
+        "config": {"feat_dim": 16},
+        "shapes": {"input": ["T", 16], "output": ["T", 16]},
+        "parameters": 32,
+        "device": "cpu",
+        "dtype": "float32",
+    }
+    assert models.describe(models.load("traveller", rollout_backend="eager")) == {
+        "kind": "traveller",
+        "config": {"num_inputs": 6, "hidden_size": 128, "num_layers": 2, "dropout": 0.0,
+                   "rollout_backend": "eager"},
+        "shapes": {"input": ["T", 6], "output": ["T", 2]},
+        "parameters": 203010,
+        "device": "cpu",
+        "dtype": "float32",
+    }  # fmt: skip
+    config = {"cell": "gru", "input_size": 3, "hidden_size": 4, "head_size": 2}
+    assert models.describe(models.build("recurrent", config).double()) == {
+        "kind": "recurrent",
+        "config": {**config, "num_layers": 1, "activation": "none", "bias": True,
+                   "head_bias": True},
+        "shapes": {"input": ["T", 3], "output": ["T", 2]},
+        "parameters": 3 * (3 * 4 + 4 * 4 + 2 * 4) + 4 * 2 + 2,
+        "device": "cpu",
+        "dtype": "float64",
+    }  # fmt: skip
+
+
+def test_loaded_models_are_frozen_and_on_the_device() -> None:
+    model = models.load("smoother")
+    assert not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+    on_meta = models.load("smoother", device="meta")
+    assert {p.device.type for p in on_meta.parameters()} == {"meta"}
+    assert models.describe(on_meta)["device"] == "meta"
+
+
+def test_pickles_lists_only_pickle_files(tmp_path: Path) -> None:
+    for name in ("a.pt", "b.pkl", "c.safetensors", "d.txt", "e.ckpt"):
+        (tmp_path / name).write_bytes(b"x")
+    assert models.pickles(tmp_path) == [tmp_path / "a.pt", tmp_path / "b.pkl", tmp_path / "e.ckpt"]
+    assert models.pickles(str(tmp_path)) == models.pickles(tmp_path)
+    assert models.pickles(tmp_path / "missing") == []
+    assert models.pickles() == []  # the shipped weights are safetensors only
+
+
+def test_first_line() -> None:
+    assert models._first_line(ValueError("one\ntwo")) == "one"
+    assert models._first_line(ValueError("  padded  ")) == "padded"
+    assert models._first_line(KeyError()) == "KeyError"
+
+
+def test_unreadable_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _resave_without(tmp_path)
+    path = tmp_path / "t.safetensors"
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(models, "safe_open", denied)
+    with pytest.raises(models.ModelLoadError) as err:
+        models.read("t", tmp_path)
+    assert str(err.value) == f"{path}: cannot read the file: Permission denied"
+
+    def gone(*args: object, **kwargs: object) -> None:
+        raise OSError("disk went away")
+
+    monkeypatch.setattr(models, "safe_open", gone)
+    with pytest.raises(models.ModelLoadError) as err:
+        models.read("t", tmp_path)
+    assert str(err.value) == f"{path}: cannot read the file: disk went away"
+
+
+def test_not_safetensors_is_refused_with_the_library_reason(tmp_path: Path) -> None:
+    path = tmp_path / "junk.safetensors"
+    path.write_bytes(b"not a safetensors file")
+    with pytest.raises(Exception, match="header") as lib:  # the library's words, independently
+        safe_open(str(path), framework="pt")
+    reason = str(lib.value).splitlines()[0]
+    with pytest.raises(models.ModelLoadError) as err:
+        models.read("junk", tmp_path)
+    assert str(err.value) == (
+        f"{path}: not a valid safetensors file ({reason}); write models with models.save"
+    )
+
+
+@pytest.mark.parametrize("meta", [{"kind": "traveller"}, {"config": "{}"}])
+def test_half_the_metadata_is_refused(tmp_path: Path, meta: dict[str, str]) -> None:
+    save_file({"wx": torch.ones(3)}, str(tmp_path / "half.safetensors"), metadata=meta)
+    with pytest.raises(models.ModelLoadError, match="no rnnserve metadata"):
+        models.read("half", tmp_path)
+
+
+def test_bad_metadata_message(tmp_path: Path) -> None:
+    path = tmp_path / "b.safetensors"
+    save_file({"wx": torch.ones(3)}, str(path), metadata={"kind": "smoother", "config": "[1]"})
+    with pytest.raises(models.ModelLoadError) as err:
+        models.read("b", tmp_path)
+    assert str(err.value) == (
+        f"{path}: bad metadata (kind 'smoother', config '[1]'): config is not a JSON object"
+    )
+    save_file({"wx": torch.ones(3)}, str(path), metadata={"kind": "mlp", "config": "{}"})
+    with pytest.raises(models.ModelLoadError) as err:
+        models.read("b", tmp_path)
+    assert str(err.value) == (
+        f"{path}: bad metadata (kind 'mlp', config '{{}}'): unknown model kind 'mlp'; "
+        "known kinds: smoother, traveller, recurrent"
+    )
+
+
+def test_tensors_that_do_not_fit_are_all_named(tmp_path: Path) -> None:
+    # an unexpected key and two size mismatches: torch's message has four lines
+    src = str(models.DEFAULT_MODEL_DIR / "smoother.safetensors")
+    meta = _meta(Path(src))
+    save_file(
+        {"alpha_smooth": torch.zeros(3), "wx": torch.zeros(2), "extra": torch.zeros(1)},
+        str(tmp_path / "s.safetensors"),
+        metadata=meta,
+    )
+    with pytest.raises(models.ModelLoadError) as err:
+        models.read("s", tmp_path)
+    prefix = f"{tmp_path / 's.safetensors'}: the tensors do not fit a smoother with config "
+    assert str(err.value).startswith(prefix + '{"feat_dim": 16}: ')
+    detail = str(err.value).removeprefix(prefix + '{"feat_dim": 16}: ')
+    assert detail == (
+        'Unexpected key(s) in state_dict: "extra". '
+        "size mismatch for alpha_smooth: copying a param with shape torch.Size([3]) from "
+        "checkpoint, the shape in current model is torch.Size([16]). "
+        "size mismatch for wx: copying a param with shape torch.Size([2]) from checkpoint, "
+        "the shape in current model is torch.Size([16])."
+    )
