@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import re
 import sys
 import tempfile
@@ -378,12 +379,23 @@ def export_torchscript(
     if isinstance(user, torch.jit.ScriptModule):
         scripted = user
     else:
+        params = [
+            p
+            for p in inspect.signature(user.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if len(params) != 2:
+            shown = ", ".join(p.name for p in params)
+            raise ExportError(
+                f"{type(user).__name__}.forward takes ({shown}); rnnserve calls "
+                f"{torchscript.SIGNATURE}"
+            )
         try:
             scripted = torch.jit.script(user)
         except Exception as exc:  # torch.jit.frontend errors and RuntimeErrors
             raise ExportError(
                 f"{type(user).__name__} cannot be scripted with torch.jit.script: "
-                f"{torchscript.first_line(exc)}"
+                f"{script_error(exc)}"
             ) from exc
     try:
         output_size = _output_width(scripted, input_size)
@@ -410,6 +422,20 @@ def export_torchscript(
         target = out / f"{name}{torchscript.SUFFIX}"
         written.replace(target)
     return target, output_size, worst
+
+
+def script_error(exc: BaseException) -> str:
+    """A TorchScript compile error in one line: what, and the line of code it is about."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    what = lines[0].strip() if lines else type(exc).__name__
+    where = ""
+    for i, ln in enumerate(lines):
+        found = re.match(r'\s*File "([^"]+)", line (\d+)', ln)
+        if found:
+            where = f"{Path(found[1]).name}, line {found[2]}"
+        if "<--- HERE" in ln and i > 0:
+            where += f": {lines[i - 1].strip()}"
+    return f"{what} ({where})"[:300] if where else what[:300]
 
 
 def _output_width(module: nn.Module, input_size: int) -> int:

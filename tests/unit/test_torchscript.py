@@ -34,6 +34,14 @@ class MixesSequences(nn.Module):
         return data - data.mean(dim=0, keepdim=True)
 
 
+class NotScriptable(nn.Module):
+    """Eager PyTorch that TorchScript does not take (norm's keyword arguments)."""
+
+    def forward(self, data: Tensor, batch_sizes: Tensor) -> Tensor:
+        out: Tensor = data / data.norm(dim=-1, keepdim=True)
+        return out
+
+
 class OneRowShort(nn.Module):
     def forward(self, data: Tensor, batch_sizes: Tensor) -> Tensor:
         return data[1:]
@@ -142,8 +150,14 @@ def test_a_wrong_signature_is_refused_at_start_up_with_one_line(
 def test_export_refuses_a_wrong_signature_and_a_module_that_mixes_sequences(
     tmp_path: Path,
 ) -> None:
-    with pytest.raises(export.ExportError, match=r"its forward is \(x: Tensor\)"):
+    with pytest.raises(export.ExportError, match=r"OneArgument\.forward takes \(x\); rnnserve"):
         export.export_torchscript(OneArgument(), 3, "bad", tmp_path)
+    with pytest.raises(export.ExportError, match=r"its forward is \(x: Tensor\)"):
+        export.export_torchscript(torch.jit.script(OneArgument()), 3, "bad", tmp_path)
+    with pytest.raises(export.ExportError, match="cannot be scripted") as err:
+        export.export_torchscript(NotScriptable(), 3, "ns", tmp_path)
+    assert "test_torchscript.py, line" in str(err.value)
+    assert "data.norm(dim=-1" in str(err.value)
     with pytest.raises(export.CheckFailed, match="differs from yours"):
         export.export_torchscript(MixesSequences(), 3, "mix", tmp_path)
     assert models.available(tmp_path) == []  # nothing written
