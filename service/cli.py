@@ -181,6 +181,7 @@ def _supervise(settings: Settings, socket_path: str) -> int:
             timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
             http=HeaderTimeoutProtocol,
             limit_concurrency=settings.limit_concurrency,
+            **_worker_healthcheck(),
         )
     finally:
         # the workers have finished their requests and gone: now the engine drains
@@ -193,6 +194,21 @@ def _supervise(settings: Settings, socket_path: str) -> int:
             proc.kill()
             proc.join()
     return 1 if died.is_set() or proc.exitcode else 0
+
+
+# uvicorn's supervisor pings each worker and kills one that does not answer in time (5 s by
+# default). Workers starting up (importing torch and the app) on a busy host went unanswered
+# for longer than that (the e2e tests saw it while other jobs shared the cores), and were
+# killed and restarted until the start gave up. Long enough for that; a hung worker is still
+# replaced.
+WORKER_HEALTHCHECK_S = 60
+
+
+def _worker_healthcheck() -> dict[str, int]:
+    """``timeout_worker_healthcheck`` where uvicorn has it (0.37 and later)."""
+    if "timeout_worker_healthcheck" in inspect.signature(uvicorn.run).parameters:
+        return {"timeout_worker_healthcheck": WORKER_HEALTHCHECK_S}
+    return {}
 
 
 def _setting_error(exc: ValidationError) -> str:
