@@ -25,6 +25,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from multiprocessing.connection import wait
+from typing import Any
 
 import uvicorn
 from pydantic import SecretStr, ValidationError
@@ -204,7 +205,7 @@ def _supervise(settings: Settings, socket_path: str) -> int:
 WORKER_HEALTHCHECK_S = 60
 
 
-def _worker_healthcheck() -> dict[str, int]:
+def _worker_healthcheck() -> dict[str, Any]:
     """``timeout_worker_healthcheck`` where uvicorn has it (0.37 and later)."""
     if "timeout_worker_healthcheck" in inspect.signature(uvicorn.run).parameters:
         return {"timeout_worker_healthcheck": WORKER_HEALTHCHECK_S}
