@@ -35,6 +35,7 @@ from dataclasses import field as dataclass_field
 from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Any, Literal
+from urllib.parse import quote
 
 import anyio
 import httpx
@@ -533,6 +534,13 @@ _SMOOTH = ("/smooth", "sequences", "sequences")
 _ROLLOUT = ("/rollout", "inputs", "positions")
 
 
+def _infer_endpoint(name: str) -> tuple[str, str, str]:
+    """``POST /models/{name}/infer``: any served model by name, ``inputs`` -> ``outputs``."""
+    if not name:
+        raise ValueError("infer needs a model name")
+    return (f"/models/{quote(name, safe='')}/infer", "inputs", "outputs")
+
+
 # -- the synchronous client -------------------------------------------------------------------
 
 
@@ -607,6 +615,11 @@ class Client:
     ) -> Any:
         """Roll the Traveller out over one ``[T, num_inputs]`` sequence or several: ``[T, 2]``."""
         return self._infer(_ROLLOUT, inputs, model, timeout)
+
+    def infer(self, name: str, inputs: Any, *, timeout: Timeout = USE_DEFAULT) -> Any:
+        """Run model ``name`` (any kind: your own ``recurrent`` or ``torchscript`` model too) over
+        one ``[T, F_in]`` sequence or several (``POST /models/{name}/infer``); ``[T, F_out]``."""
+        return self._infer(_infer_endpoint(name), inputs, None, timeout)
 
     def stream_rollout(
         self, inputs: Any, model: str | None = None, *, timeout: Timeout = USE_DEFAULT
@@ -849,6 +862,16 @@ class AsyncClient:
     ) -> Any:
         """See :meth:`Client.rollout`."""
         return await self._infer(_ROLLOUT, inputs, model, timeout)
+
+    async def infer(
+        self,
+        name: str,
+        inputs: Any,
+        *,
+        timeout: Timeout = USE_DEFAULT,  # noqa: ASYNC109
+    ) -> Any:
+        """See :meth:`Client.infer`."""
+        return await self._infer(_infer_endpoint(name), inputs, None, timeout)
 
     def stream_rollout(
         self,

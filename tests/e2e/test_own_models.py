@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -16,6 +18,7 @@ import torch
 import models
 from examples.gru_encoder import gru_cell_loop, make, make_packed
 from models import export
+from rnnserve.client import AsyncClient, BadRequest, Client, ModelNotFound
 from tests.e2e.server import start_server, stop
 
 pytestmark = pytest.mark.e2e
@@ -56,8 +59,34 @@ def test_exported_gru_encoder_is_served(tmp_path: Path) -> None:
         assert r.json()["type"] == "wrong_feature_count"
         r = httpx.post(f"{server.url}/smooth", json={"sequences": [[[0.5] * 16]]}, timeout=30)
         assert r.status_code == 200
+        _the_client_calls_it_by_name(server.url, encoder, xs)
     finally:
         stop(server)
+
+
+def _the_client_calls_it_by_name(url: str, encoder: torch.nn.Module, xs: list[np.ndarray]) -> None:
+    """The Python client's ``infer``: both formats, sync and async, one sequence or several."""
+    want = [gru_cell_loop(encoder, torch.from_numpy(x)).numpy() for x in xs]
+    for binary in ("always", "never"):
+        with Client(url, binary=binary) as client:
+            got = client.infer("gru_encoder", xs)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
+            one = client.infer("gru_encoder", xs[0])  # one [T, F] array in, one out
+            np.testing.assert_allclose(one, want[0], atol=1e-5, rtol=0)
+            with pytest.raises(ModelNotFound) as err:
+                client.infer("nosuch", xs)
+            assert err.value.status == 404
+            with pytest.raises(BadRequest) as bad:
+                client.infer("gru_encoder", [np.zeros((3, 5), np.float32)])
+            assert bad.value.type == "wrong_feature_count"
+
+    async def concurrently() -> list[Any]:
+        async with AsyncClient(url) as client:
+            return await asyncio.gather(*(client.infer("gru_encoder", [x]) for x in xs))
+
+    for [g], w in zip(asyncio.run(concurrently()), want, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
 
 
 def test_a_torchscript_model_is_served_only_when_trusted(tmp_path: Path) -> None:
