@@ -103,7 +103,10 @@ def check_defaults(settings: Settings, names: Sequence[str]) -> None:
         if name not in names:
             raise StartupError(f"{flag} {name}: no such model (served: {', '.join(names)})")
         try:
-            found = models.kind_of(models.read(name, settings.model_dir))
+            module = models.read(
+                name, settings.model_dir, trust_torchscript=settings.trust_torchscript
+            )
+            found = models.kind_of(module)
         except (models.ModelLoadError, models.ModelNotFound) as exc:
             raise StartupError(str(exc)) from exc
         if found != kind:

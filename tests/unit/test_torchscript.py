@@ -117,6 +117,19 @@ def test_refused_unless_trusted(exported: Path) -> None:
     assert Settings().trust_torchscript is False
 
 
+def test_a_trusted_torchscript_default_is_refused_for_its_kind_not_for_trust(
+    exported: Path,
+) -> None:
+    """--default-smoother naming a TorchScript model: with the trust setting the file is read
+    and the refusal says what it is; without it, the refusal is about trust."""
+    trusted = Settings(model_dir=exported, trust_torchscript=True, default_smoother="enc_ts")
+    with pytest.raises(StartupError, match="'enc_ts' is a torchscript model, not a smoother"):
+        service.cli.check_defaults(trusted, ["enc_ts"])
+    untrusted = Settings(model_dir=exported, default_smoother="enc_ts")
+    with pytest.raises(StartupError, match="refused unless trusted"):
+        service.cli.check_defaults(untrusted, ["enc_ts"])
+
+
 def script_to(tmp_path: Path, module: nn.Module, name: str, meta: bool = True) -> Path:
     path = tmp_path / f"{name}.torchscript.pt"
     scripted = torch.jit.script(module)
