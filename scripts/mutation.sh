@@ -28,7 +28,8 @@ tests_for() {
     service/validation.py) echo tests/unit/test_validation.py ;;
     service/scheduler.py) echo tests/unit/test_scheduler.py tests/unit/test_reliability.py ;;
     # test_validation.py never reaches wire.py; test_binary.py posts safetensors bodies
-    service/wire.py) echo tests/unit/test_wire.py tests/integration/test_binary.py ;;
+    service/wire.py) echo tests/unit/test_wire.py tests/unit/test_wire_mutation.py \
+                          tests/unit/test_finite_check.py tests/integration/test_binary.py ;;
     service/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py ;;
     models/packing.py) echo tests/unit/test_packing.py tests/unit/test_smoothing.py \
                             tests/unit/test_traveller.py ;;

@@ -1,0 +1,124 @@
+"""The safetensors decoder's refusals, word for word, and where its arrays live.
+
+Written from the mutation run of service/wire.py (scripts/mutation.sh service/wire.py): each
+case pins a message, a location or a copy that some surviving mutant changed.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from safetensors.numpy import save
+
+from service import wire
+from service.validation import Limits, RequestError
+
+LIMITS = Limits(256, 100_000, 1_000_000)
+NOT_ST = "body is not a safetensors file: "
+
+
+def _raw(header: dict[str, Any], data: bytes = b"", start_mod8: int | None = None) -> bytes:
+    """A safetensors body written by hand; with ``start_mod8``, the header is padded with spaces
+    so that the data starts that many bytes past a multiple of 8."""
+    text = orjson.dumps(header)
+    if start_mod8 is not None:
+        text += b" " * ((start_mod8 - 8 - len(text)) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def _decode(body: bytes, width: int) -> None:
+    decoded = wire.decode(body, wire.SAFETENSORS, "sequences", LIMITS)
+    assert decoded is not None
+    decoded.sequences(width, "m")
+
+
+def _refusal(body: bytes, width: int = 3) -> tuple[int, str, str, tuple[Any, ...]]:
+    with pytest.raises(RequestError) as err:
+        _decode(body, width)
+    e = err.value
+    return e.status, e.type, e.message, e.loc
+
+
+def _entry(dtype: str, shape: list[Any], begin: int, end: int) -> dict[str, Any]:
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+GOOD = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+HEADER_REFUSALS = [
+    ("seven bytes", b"\x00" * 7, "shorter than its 8-byte header length"),
+    ("eight bytes", b"\x00" * 8, "the header is not JSON"),  # an empty header
+    ("header past the end", struct.pack("<Q", 10) + b"{}",
+     "header length 10 is past the end of the body"),
+    ("header not JSON", struct.pack("<Q", 3) + b"{{{", "the header is not JSON"),
+    ("header a list", struct.pack("<Q", 2) + b"[]", "the header is not a JSON object"),
+    ("metadata not strings", _raw({"__metadata__": {"model": 1}}),
+     "__metadata__ must map names to strings"),
+    ("metadata a list", _raw({"__metadata__": ["m"]}), "__metadata__ must map names to strings"),
+    ("negative dimension", _raw({"lengths": _entry("I64", [-1], 0, 0)}),
+     "tensor 'lengths' has no valid dtype, shape and data_offsets"),
+    ("dimension a string", _raw({"lengths": _entry("I64", ["1"], 0, 8)}, b"\x00" * 8),
+     "tensor 'lengths' has no valid dtype, shape and data_offsets"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "why"), [c[1:] for c in HEADER_REFUSALS],
+                         ids=[c[0] for c in HEADER_REFUSALS])  # fmt: skip
+def test_header_refusals_word_for_word(body: bytes, why: str) -> None:
+    assert _refusal(body) == (400, "invalid_safetensors", NOT_ST + why, ())
+
+
+TENSOR_REFUSALS = [
+    ("no lengths", save({"sequences": GOOD}),
+     ("missing", "tensor 'lengths' is required", ("lengths",))),
+    ("no data", save({"lengths": np.array([2])}),
+     ("missing", "tensor 'sequences' is required", ("sequences",))),
+    ("float64 data", save({"sequences": GOOD.astype(np.float64), "lengths": np.array([2])}),
+     ("wrong_dtype", "tensor 'sequences' must be F32, not F64", ("sequences",))),
+    ("3-D data", save({"sequences": GOOD[None], "lengths": np.array([2])}),
+     ("wrong_shape", "tensor 'sequences' must be 2-D [sum of lengths, features], not [1, 2, 3]",
+      ("sequences",))),
+    ("2-D lengths", save({"sequences": GOOD, "lengths": np.array([[2]])}),
+     ("wrong_shape", "tensor 'lengths' must be 1-D [sequences], not [1, 1]", ("lengths",))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "want"), [c[1:] for c in TENSOR_REFUSALS],
+                         ids=[c[0] for c in TENSOR_REFUSALS])  # fmt: skip
+def test_tensor_refusals_word_for_word(body: bytes, want: tuple[str, str, tuple[Any, ...]]) -> None:
+    assert _refusal(body) == (422, *want)
+
+
+def test_aligned_tensors_are_views_of_the_body_and_unaligned_ones_aligned_copies() -> None:
+    lengths = np.array([1, 1], np.int64)
+    # the library's layout: header padded to 8 bytes, data then lengths (both aligned)
+    body = save({"sequences": GOOD, "lengths": lengths})
+    decoded = wire.decode(body, wire.SAFETENSORS, "sequences", LIMITS)
+    assert decoded is not None
+    seqs = decoded.sequences(3, "m")
+    whole = np.frombuffer(body, np.uint8)
+    assert np.array_equal(seqs.data, GOOD)
+    assert seqs.lengths.tolist() == [1, 1]
+    assert np.shares_memory(seqs.data, whole)
+    assert np.shares_memory(seqs.lengths, whole)
+    # by hand: data starts 2 bytes past an 8-byte boundary; lengths sit at offset 2, which puts
+    # them 4 bytes off (copied); the data at offset 18 is 4-byte aligned (a view)
+    header = {
+        "lengths": _entry("I64", [2], 2, 18),
+        "sequences": _entry("F32", [2, 3], 18, 42),
+    }
+    body = _raw(header, b"\xee\xee" + lengths.tobytes() + GOOD.tobytes(), start_mod8=2)
+    assert (len(body) - 42) % 8 == 2
+    decoded = wire.decode(body, wire.SAFETENSORS, "sequences", LIMITS)
+    assert decoded is not None
+    seqs = decoded.sequences(3, "m")
+    whole = np.frombuffer(body, np.uint8)
+    assert np.array_equal(seqs.data, GOOD)
+    assert seqs.lengths.tolist() == [1, 1]
+    assert seqs.lengths.flags.aligned
+    assert not np.shares_memory(seqs.lengths, whole)
+    assert np.shares_memory(seqs.data, whole)
