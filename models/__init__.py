@@ -205,7 +205,7 @@ def read(
         if not isinstance(config, dict):
             raise TypeError("config is not a JSON object")
         model = build(meta["kind"], config)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RuntimeError) as exc:  # RuntimeError: torch refuses a size
         raise ModelLoadError(
             f"{path}: bad metadata (kind {meta['kind']!r}, config {meta['config']!r}): "
             f"{_first_line(exc)}"

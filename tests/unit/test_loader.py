@@ -308,3 +308,16 @@ def test_tensors_that_do_not_fit_are_all_named(tmp_path: Path) -> None:
         "size mismatch for wx: copying a param with shape torch.Size([2]) from checkpoint, "
         "the shape in current model is torch.Size([16])."
     )
+
+
+def test_a_config_torch_cannot_build_is_bad_metadata(tmp_path: Path) -> None:
+    # torch raises RuntimeError (not ValueError) for a negative size: still a ModelLoadError
+    path = tmp_path / "neg.safetensors"
+    config = '{"feat_dim": -1}'
+    save_file({"wx": torch.ones(3)}, str(path), metadata={"kind": "smoother", "config": config})
+    with pytest.raises(models.ModelLoadError) as err:
+        models.read("neg", tmp_path)
+    assert str(err.value) == (
+        f"{path}: bad metadata (kind 'smoother', config '{config}'): "
+        "Trying to create tensor with negative dimension -1: [-1]"
+    )
