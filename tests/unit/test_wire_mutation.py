@@ -30,15 +30,17 @@ def _raw(header: dict[str, Any], data: bytes = b"", start_mod8: int | None = Non
     return struct.pack("<Q", len(text)) + text + data
 
 
-def _decode(body: bytes, width: int) -> None:
-    decoded = wire.decode(body, wire.SAFETENSORS, "sequences", LIMITS)
+def _decode(body: bytes, width: int, limits: Limits) -> None:
+    decoded = wire.decode(body, wire.SAFETENSORS, "sequences", limits)
     assert decoded is not None
     decoded.sequences(width, "m")
 
 
-def _refusal(body: bytes, width: int = 3) -> tuple[int, str, str, tuple[Any, ...]]:
+def _refusal(
+    body: bytes, width: int = 3, limits: Limits = LIMITS
+) -> tuple[int, str, str, tuple[Any, ...]]:
     with pytest.raises(RequestError) as err:
-        _decode(body, width)
+        _decode(body, width, limits)
     e = err.value
     return e.status, e.type, e.message, e.loc
 
@@ -122,3 +124,55 @@ def test_aligned_tensors_are_views_of_the_body_and_unaligned_ones_aligned_copies
     assert seqs.lengths.flags.aligned
     assert not np.shares_memory(seqs.lengths, whole)
     assert np.shares_memory(seqs.data, whole)
+
+
+def _st(data: np.ndarray, lengths: list[int], **more: np.ndarray) -> bytes:
+    return save({"sequences": data, "lengths": np.array(lengths, np.int64), **more})
+
+
+def _nan_at(rows: int, row: int, feature: int) -> np.ndarray:
+    data = np.zeros((rows, 3), np.float32)
+    data[row, feature] = np.nan
+    data[rows - 1, 2] = np.inf  # a later one is not the one named
+    return data
+
+
+SMALL = Limits(max_sequences=3, max_sequence_length=4, max_timesteps=6)
+Z = np.zeros((7, 3), np.float32)
+BODY_REFUSALS = [
+    ("extra tensor", _st(Z[:2], [2], extra=np.zeros(1)), 3,
+     (422, "unknown_field", "unknown tensor 'extra' (expected 'sequences' and 'lengths')",
+      ("extra",))),
+    ("no sequences", _st(Z[:0], []), 3,
+     (422, "empty", "'sequences' holds no sequences", ("sequences",))),
+    ("negative length", _st(Z[:2], [0, 3, -1]), 3,
+     (422, "wrong_lengths", "sequence 2 has a negative length", ("lengths", 2))),
+    ("zero lengths", _st(Z[:2], [2, 0, 0]), 3,
+     (422, "empty", "sequence 1 has no steps", ("sequences", 1))),
+    ("lengths short", _st(Z[:2], [1]), 3,
+     (422, "wrong_lengths", "lengths add up to 1 steps; tensor 'sequences' has 2 rows",
+      ("lengths",))),
+    ("no features", _st(np.zeros((2, 0), np.float32), [2]), 3,
+     (422, "empty", "sequence 0, step 0 has no features", ("sequences", 0, 0))),
+    ("too many sequences", _st(Z[:4], [1, 1, 1, 1]), 3,
+     (413, "too_many_sequences", "request has 4 sequences; the limit is 3", ("sequences",))),
+    ("too long", _st(Z[:7], [1, 5, 1]), 3,
+     (413, "sequence_too_long", "sequence 1 has 5 steps; the limit is 4", ("sequences", 1))),
+    ("too many steps", _st(Z[:7], [4, 3]), 3,
+     (413, "too_many_timesteps", "request has 7 timesteps in all; the limit is 6",
+      ("sequences",))),
+    ("wrong width", _st(Z[:2], [2]), 5,
+     (422, "wrong_feature_count", "sequence 0, step 0: has 3 features; model 'm' takes 5",
+      ("sequences", 0, 0))),
+    ("NaN", _st(_nan_at(5, 3, 1), [2, 3]), 3,
+     (422, "non_finite", "sequence 1, step 1, feature 1: value is not a finite number",
+      ("sequences", 1, 1, 1))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "width", "want"), [c[1:] for c in BODY_REFUSALS],
+                         ids=[c[0] for c in BODY_REFUSALS])  # fmt: skip
+def test_body_refusals_word_for_word(
+    body: bytes, width: int, want: tuple[int, str, str, tuple[Any, ...]]
+) -> None:
+    assert _refusal(body, width, SMALL) == want
