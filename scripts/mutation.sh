@@ -33,7 +33,7 @@ tests_for() {
     service/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py ;;
     models/packing.py) echo tests/unit/test_packing.py tests/unit/test_smoothing.py \
                             tests/unit/test_traveller.py ;;
-    models/__init__.py) echo tests/unit/test_loader.py ;;
+    models/__init__.py) echo tests/unit/test_loader.py tests/unit/test_torchscript.py ;;
     models/smoothing.py) echo tests/unit/test_smoothing.py tests/unit/test_smoother_triton.py ;;
     models/traveller.py) echo tests/unit/test_traveller.py tests/unit/test_rollout_backends.py ;;
     models/kernels/*) echo tests/unit/test_smoothing.py tests/unit/test_traveller.py \
