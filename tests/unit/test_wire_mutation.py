@@ -167,6 +167,9 @@ BODY_REFUSALS = [
     ("NaN", _st(_nan_at(5, 3, 1), [2, 3]), 3,
      (422, "non_finite", "sequence 1, step 1, feature 1: value is not a finite number",
       ("sequences", 1, 1, 1))),
+    ("NaN first", _st(_nan_at(5, 0, 0), [2, 3]), 3,
+     (422, "non_finite", "sequence 0, step 0, feature 0: value is not a finite number",
+      ("sequences", 0, 0, 0))),
 ]  # fmt: skip
 
 
@@ -176,3 +179,44 @@ def test_body_refusals_word_for_word(
     body: bytes, width: int, want: tuple[int, str, str, tuple[Any, ...]]
 ) -> None:
     assert _refusal(body, width, SMALL) == want
+
+
+def test_a_body_exactly_at_every_limit_is_accepted() -> None:
+    data = np.arange(18, dtype=np.float32).reshape(6, 3)
+    decoded = wire.decode(_st(data, [4, 1, 1]), wire.SAFETENSORS, "sequences", SMALL)
+    assert decoded is not None
+    seqs = decoded.sequences(3, "m")
+    assert np.array_equal(seqs.data, data)
+    assert seqs.lengths.tolist() == [4, 1, 1]
+
+
+def test_power_of_five_table_is_lemires() -> None:
+    # the module computes it once at import; called here, each entry is checked against the
+    # definition: the leading 128 bits of 5**q (q >= 0); for q < 0 the reciprocal, rounded up
+    # from 128 bits (q >= -27) or taken from 2z + 128 bits, plus one, then truncated
+    hi, lo = wire._power_of_five_table()
+    assert hi.dtype == lo.dtype == np.uint64
+    assert len(hi) == len(lo) == 651
+    assert np.array_equal(hi, wire._P5_HI)
+    assert np.array_equal(lo, wire._P5_LO)
+    table = [(int(h) << 64) | int(v) for h, v in zip(hi, lo, strict=True)]
+    for i, c in enumerate(table):
+        q = i - 342
+        if q >= 0:
+            p = 5**q
+            s = 128 - p.bit_length()
+            want = p << s if s >= 0 else p >> -s
+        else:
+            p = 5**-q
+            z = p.bit_length()
+            rounded_up = (1 << (z + 127)) // p + 1
+            truncated = ((1 << (2 * z + 128)) // p + 1) >> (z + 1)
+            want = rounded_up if q >= -27 else truncated
+        assert 1 << 127 <= c < 1 << 128, q
+        assert c == want, q
+    # entries of fast_float's table (q = -342, -1, 0, 1, 27)
+    assert table[0] == 0xEEF453D6923BD65A_113FAA2906A13B3F
+    assert table[342 - 1] == 0xCCCCCCCCCCCCCCCC_CCCCCCCCCCCCCCCD
+    assert table[342] == 1 << 127
+    assert table[342 + 1] == 0xA << 124
+    assert table[342 + 27] == 0xCECB8F27F4200F3A << 64
