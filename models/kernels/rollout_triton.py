@@ -347,7 +347,12 @@ class _Workspace:
     graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    # A workspace outlives the call that made it. Its tensors are made as normal tensors even
+    # under torch.inference_mode (the server's warm-up), so that later calls outside it (a test,
+    # torch.compile tracing the custom op) may still write into them; writing into a normal
+    # tensor inside inference mode is allowed.
     @classmethod
+    @torch.inference_mode(False)
     def create(cls, shape: _Shape, config: KernelConfig, precision: str) -> _Workspace:
         r, layers, hidden, ni = shape.rows, shape.layers, shape.hidden, shape.num_inputs
         dt, dev = shape.dtype, shape.device
@@ -369,6 +374,7 @@ class _Workspace:
             sched=torch.zeros(2, 128, dtype=torch.int32, device=shape.device),
         )
 
+    @torch.inference_mode(False)
     def reserve(self, rows: int, steps: int) -> None:
         """Room for ``rows`` packed rows and ``steps`` steps; growing drops captured graphs."""
         dt, dev = self.shape.dtype, self.shape.device

@@ -15,7 +15,8 @@ import torch
 rt = pytest.importorskip("models.kernels.rollout_triton")
 st = pytest.importorskip("models.kernels.smoother_triton")
 
-from tests.unit.test_rollout_triton import DEVICE, DTYPE, packed, weights  # noqa: E402
+from models.traveller import rollout_packed  # noqa: E402
+from tests.unit.test_rollout_triton import DEVICE, DTYPE, assert_same, packed, weights  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
@@ -83,6 +84,24 @@ def test_rollout_refuses_more_rows_than_int32_indexing_allows() -> None:
     u = torch.empty(2**30, 2, device="meta")
     with pytest.raises(ValueError, match=r"more than 2\*\*31 input elements"):
         rt._check_sizes([2**30], u)
+
+
+def test_a_workspace_made_under_inference_mode_serves_calls_outside_it() -> None:
+    """The server warms the rollout up under torch.inference_mode; a later call outside it (a
+    test, torch.compile tracing the op) must still be able to write into that workspace."""
+    roll = rt.TritonRollout()
+    w_cat, bias, w_out, b_out = weights(3, 8, 2)
+    sizes = [1, 1, 1]  # one sequence of 3 steps: the 1-row bucket, room for 64 rows
+    u = packed(sizes, 3)
+    with torch.inference_mode():
+        first = roll(u, sizes, w_cat, bias, w_out, b_out)
+    again = roll(u, sizes, w_cat, bias, w_out, b_out)  # the same workspace, written outside
+    for a, b in zip(first, again, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    # 130 steps: more rows and steps than it has room for, so it grows, outside inference mode
+    long = packed([1] * 130, 3)
+    got = roll(long, [1] * 130, w_cat, bias, w_out, b_out)
+    assert_same(got, rollout_packed(long, [1] * 130, w_cat, bias, w_out, b_out))
 
 
 def test_custom_op_fake_implementation_agrees_with_the_real_one() -> None:
