@@ -220,3 +220,58 @@ def test_power_of_five_table_is_lemires() -> None:
     assert table[342] == 1 << 127
     assert table[342 + 1] == 0xA << 124
     assert table[342 + 27] == 0xCECB8F27F4200F3A << 64
+
+
+def _double(x: int) -> int:
+    return 2 * x
+
+
+def test_jit_options_and_its_fallback_without_a_cache_location() -> None:
+    # _jit runs at import, before a mutant is chosen: called here so that its own code is judged
+    options = {"nogil": True, "boundscheck": False, "error_model": "numpy", "nopython": True}
+    cached = wire._jit(_double, error_model="numpy")
+    assert cached.targetoptions == options
+    assert type(cached._cache).__name__ == "FunctionCache"  # this file can hold a cache
+    scope: dict[str, Any] = {}
+    exec("def plus_one(x):\n    return x + 1\n", scope)  # no file: numba cannot cache it
+    uncached = wire._jit(scope["plus_one"], error_model="numpy")
+    assert uncached.targetoptions == options
+    assert type(uncached._cache).__name__ == "NullCache"
+    assert uncached(41) == 42
+
+
+def test_warm_up_says_when_the_fast_path_refuses_its_own_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wire.warm_up()  # the real fast path takes both bodies
+    monkeypatch.setattr(wire, "decode", lambda *args: None)
+    with pytest.raises(RuntimeError) as err:
+        wire.warm_up()
+    assert str(err.value) == "the JSON fast path refused its own warm-up body"
+
+
+def test_encode_both_formats() -> None:
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.full((1, 3), -0.5, np.float32)
+    assert orjson.loads(wire.encode("m", "positions", [a, b], binary=False)) == {
+        "model": "m",
+        "positions": [a.tolist(), b.tolist()],
+    }
+    body = wire.encode("m", "sequences", [a, b], binary=True)
+    assert body == wire.encode_safetensors(
+        {"sequences": np.concatenate([a, b]), "lengths": np.array([2, 1], np.int64)},
+        {"model": "m"},
+    )
+    decoded = wire.decode(body, wire.SAFETENSORS, "sequences", LIMITS)
+    assert decoded is not None
+    assert decoded.model == "m"
+    seqs = decoded.sequences(3, "m")
+    assert np.array_equal(seqs.data, np.concatenate([a, b]))
+    assert seqs.lengths.tolist() == [2, 1]
+
+
+def test_parse_float_refuses_what_is_not_one_json_number() -> None:
+    for text in (b"1x", b"", b"01", b"1.", b"--1"):
+        with pytest.raises(ValueError, match=r"^not a JSON number: ") as err:
+            wire.parse_float(text)
+        assert str(err.value) == f"not a JSON number: {text!r}"
