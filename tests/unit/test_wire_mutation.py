@@ -275,3 +275,38 @@ def test_parse_float_refuses_what_is_not_one_json_number() -> None:
         with pytest.raises(ValueError, match=r"^not a JSON number: ") as err:
             wire.parse_float(text)
         assert str(err.value) == f"not a JSON number: {text!r}"
+
+
+def test_safetensors_parts_any_number_of_tensors_aligned_and_not_copied() -> None:
+    from safetensors.numpy import load
+
+    tensors = {
+        "a": np.arange(3, dtype=np.float32),  # 12 bytes: what follows is not 8-aligned
+        "b": np.arange(4, dtype=np.int64).reshape(2, 2),
+        "c": np.full((2, 3), 0.25, np.float32),
+    }
+    parts = wire.safetensors_parts(tensors, {"model": "m"})
+    raw = b"".join(parts)
+    (size,) = struct.unpack_from("<Q", raw)
+    assert size % 8 == 0  # the data starts 8-byte aligned
+    assert len(parts[1]) == size
+    loaded = load(raw)
+    assert loaded.keys() == tensors.keys()
+    for name, arr in tensors.items():
+        assert loaded[name].dtype == arr.dtype
+        assert np.array_equal(loaded[name], arr)
+    for part, arr in zip(parts[2:], tensors.values(), strict=True):
+        assert np.shares_memory(np.frombuffer(part, np.uint8), arr)  # no copy
+    header = orjson.loads(parts[1])
+    assert header["__metadata__"] == {"model": "m"}
+    assert [header[k]["data_offsets"] for k in tensors] == [[0, 12], [12, 44], [44, 68]]
+
+
+def test_encode_parts_sends_flat_outputs_in_place() -> None:
+    from models.packing import FlatSequences
+
+    flat = FlatSequences(np.arange(9, dtype=np.float32).reshape(3, 3), np.array([2, 1]))
+    parts = wire.encode_parts("m", "sequences", flat)
+    assert np.shares_memory(np.frombuffer(parts[2], np.uint8), flat.data)
+    assert np.shares_memory(np.frombuffer(parts[3], np.uint8), flat.lengths)
+    assert b"".join(parts) == wire.encode("m", "sequences", list(flat), binary=True)
