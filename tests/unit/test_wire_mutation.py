@@ -310,3 +310,12 @@ def test_encode_parts_sends_flat_outputs_in_place() -> None:
     assert np.shares_memory(np.frombuffer(parts[2], np.uint8), flat.data)
     assert np.shares_memory(np.frombuffer(parts[3], np.uint8), flat.lengths)
     assert b"".join(parts) == wire.encode("m", "sequences", list(flat), binary=True)
+
+
+def test_non_finite_error_without_a_place_says_which_field() -> None:
+    from models.packing import FlatSequences
+
+    err = wire.non_finite_error(FlatSequences(np.ones((3, 2), np.float32), np.array([3])), "xs")
+    assert (err.status, err.type, err.message, err.loc) == (
+        422, "non_finite", "'xs' holds a value that is not finite", ("xs",)
+    )  # fmt: skip
