@@ -362,7 +362,8 @@ async def _read_body(request: Request, limit: int, timeout_s: float, held: _Held
                     if not budget.take(size - held.n):
                         raise _overloaded(budget)
                     held.n = size
-                chunks.append(chunk)
+                if chunk:  # starlette ends with b"": a body in one piece is then not copied
+                    chunks.append(chunk)
     except TimeoutError:
         raise RequestError(
             408, "body_timeout",
