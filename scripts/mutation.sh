@@ -85,7 +85,7 @@ run_module() {
 [tool.mutmut]
 source_paths = ["models/", "service/"]
 only_mutate = ["$module"]
-also_copy = ["scripts/", "README.md", ".ci/", "docs/"]
+also_copy = ["scripts/", "examples/", "README.md", ".ci/", "docs/"]
 pytest_add_cli_args_test_selection = [$(toml_list "${tests[@]}")]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"$(warmup_for "$module")]
 # pragma-free exclusions: log calls and docstrings are not behaviour
