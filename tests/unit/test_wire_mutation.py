@@ -7,6 +7,7 @@ case pins a message, a location or a copy that some surviving mutant changed.
 from __future__ import annotations
 
 import struct
+import warnings
 from typing import Any
 
 import numpy as np
@@ -156,6 +157,8 @@ BODY_REFUSALS = [
      (422, "empty", "sequence 0, step 0 has no features", ("sequences", 0, 0))),
     ("too many sequences", _st(Z[:4], [1, 1, 1, 1]), 3,
      (413, "too_many_sequences", "request has 4 sequences; the limit is 3", ("sequences",))),
+    ("first too long", _st(Z[:5], [5]), 3,
+     (413, "sequence_too_long", "sequence 0 has 5 steps; the limit is 4", ("sequences", 0))),
     ("too long", _st(Z[:7], [1, 5, 1]), 3,
      (413, "sequence_too_long", "sequence 1 has 5 steps; the limit is 4", ("sequences", 1))),
     ("too many steps", _st(Z[:7], [4, 3]), 3,
@@ -318,4 +321,42 @@ def test_non_finite_error_without_a_place_says_which_field() -> None:
     err = wire.non_finite_error(FlatSequences(np.ones((3, 2), np.float32), np.array([3])), "xs")
     assert (err.status, err.type, err.message, err.loc) == (
         422, "non_finite", "'xs' holds a value that is not finite", ("xs",)
+    )  # fmt: skip
+
+
+def test_json_fill_runs_again_with_room_for_every_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the first pass has room for the long numbers and 16 more; if that is short (_fill says
+    # -1), it runs again with room for every number
+    real, rooms = wire._fill, []
+
+    def short_once(buf: Any, pos: int, data: Any, lengths: Any, slow: Any, *rest: Any) -> Any:
+        rooms.append(len(slow))
+        if len(rooms) == 1:
+            return -1, -1
+        return real(buf, pos, data, lengths, slow, *rest)
+
+    monkeypatch.setattr(wire, "_fill", short_once)
+    long = "0." + "1" * 25  # more than 19 significant digits: parsed by float() afterwards
+    body = f'{{"sequences": [[[1.5, {long}], [3, 4]], [[5, 6]]]}}'.encode()
+    decoded = wire.decode(body, None, "sequences", LIMITS)
+    assert decoded is not None
+    seqs = decoded.sequences(2, "m")
+    assert seqs.data.tolist() == np.array([[1.5, float(long)], [3, 4], [5, 6]], np.float32).tolist()
+    assert seqs.lengths.tolist() == [2, 1]
+    assert rooms == [1 + 16, 3 * 2]
+
+
+def test_a_long_json_number_past_float32_is_refused_without_a_warning() -> None:
+    big = "1" + "0" * 39 + ".5"  # 1e39, with more digits than the compiled parser takes
+    body = f'{{"sequences": [[[1, 2], [3, {big}]]]}}'.encode()
+    decoded = wire.decode(body, None, "sequences", LIMITS)
+    assert decoded is not None  # the fast path takes it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow warning would be an error here
+        with pytest.raises(RequestError) as err:
+            decoded.sequences(2, "m")
+    e = err.value
+    assert (e.status, e.type, e.message, e.loc) == (
+        422, "non_finite", "sequence 0, step 1, feature 1: value is outside float32's range",
+        ("sequences", 0, 1, 1),
     )  # fmt: skip
