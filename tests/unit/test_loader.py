@@ -13,6 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import models
+from models import torchscript
 from models.packing import pack
 from models.recurrent import RecurrentConfig, RecurrentModel
 from models.traveller import Traveller
@@ -320,4 +321,36 @@ def test_a_config_torch_cannot_build_is_bad_metadata(tmp_path: Path) -> None:
     assert str(err.value) == (
         f"{path}: bad metadata (kind 'smoother', config '{config}'): "
         "Trying to create tensor with negative dimension -1: [-1]"
+    )
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, data: torch.Tensor, batch_sizes: torch.Tensor) -> torch.Tensor:
+        return data * 2.0
+
+
+def test_torchscript_files_are_refused_unless_trusted(tmp_path: Path) -> None:
+    path = tmp_path / "tw.torchscript.pt"
+    torchscript.save(torch.jit.script(_Twice()), path, 3, 3)
+    assert models.torchscript_files(tmp_path) == [path]
+    assert models.torchscript_files() == []  # none ship with rnnserve
+    refused = (
+        f"{path}: a TorchScript file is code that runs when it is loaded; refused unless "
+        "trusted (trust_torchscript)"
+    )
+    for call in (models.load, models.read):
+        with pytest.raises(models.ModelLoadError) as err:
+            call("tw", tmp_path)
+        assert str(err.value) == refused
+    model = models.load("tw", tmp_path, trust_torchscript=True)
+    assert isinstance(model, models.TorchScriptModel)
+    info = models.describe(model)
+    assert (info["kind"], info["parameters"], info["device"], info["dtype"]) == (
+        "torchscript", 0, "cpu", "float32"
+    )  # fmt: skip
+    with pytest.raises(TypeError) as terr:
+        models.save(model, tmp_path / "x.safetensors")
+    assert str(terr.value) == (
+        "a TorchScript model is code, not a safetensors file: write it with "
+        "python -m models.export --torchscript (models.torchscript.save)"
     )
