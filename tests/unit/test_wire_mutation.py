@@ -66,6 +66,9 @@ HEADER_REFUSALS = [
      "tensor 'lengths' has no valid dtype, shape and data_offsets"),
     ("dimension a string", _raw({"lengths": _entry("I64", ["1"], 0, 8)}, b"\x00" * 8),
      "tensor 'lengths' has no valid dtype, shape and data_offsets"),
+    # 2**32 * 2**32 elements: 0 in int64 arithmetic, which would "fit" offsets [0, 0]
+    ("size past int64", _raw({"sequences": _entry("F32", [2**32, 2**32], 0, 0)}),
+     "tensor 'sequences' does not fit its data_offsets"),
 ]  # fmt: skip
 
 
