@@ -86,7 +86,7 @@ class _Echo:
         return sequences
 
     async def open_stream(self, name: str, sequences: FlatSequences) -> AsyncIterator[list[Piece]]:
-        raise NotImplementedError
+        raise NotImplementedError("the transport benchmark sends no streams")
 
 
 async def _transport_cost(payloads: list[FlatSequences], calls: int, repeats: int) -> float:

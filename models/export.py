@@ -522,13 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = args.checkpoint or args.factory
     try:
         if args.factory is not None:
-            user = _factory(args.factory)
-            if args.checkpoint is not None:
-                try:
-                    user.load_state_dict(read_checkpoint(args.checkpoint), strict=True)
-                except RuntimeError as exc:
-                    lines = [ln.strip() for ln in str(exc).splitlines()[1:] if ln.strip()]
-                    raise ExportError(f"does not fit {args.factory}: {lines[0]}") from exc
+            user = _user_module(args)
             found = find_in_module(user, args.rnn_key, args.head_key)
             cfg = config_of(found, args.activation, given)
         else:
@@ -549,15 +543,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _user_module(args: argparse.Namespace) -> nn.Module:
+    """The module ``--factory`` builds, with ``--checkpoint``'s weights loaded strictly if given."""
+    user = _factory(args.factory)
+    if args.checkpoint is not None:
+        try:
+            user.load_state_dict(read_checkpoint(args.checkpoint), strict=True)
+        except RuntimeError as exc:
+            lines = [ln.strip() for ln in str(exc).splitlines()[1:] if ln.strip()]
+            raise ExportError(f"does not fit {args.factory}: {lines[0]}") from exc
+    return user
+
+
 def _main_torchscript(args: argparse.Namespace) -> int:
     try:
-        user = _factory(args.factory)
-        if args.checkpoint is not None:
-            try:
-                user.load_state_dict(read_checkpoint(args.checkpoint), strict=True)
-            except RuntimeError as exc:
-                lines = [ln.strip() for ln in str(exc).splitlines()[1:] if ln.strip()]
-                raise ExportError(f"does not fit {args.factory}: {lines[0]}") from exc
+        user = _user_module(args)
         input_size = args.input_size or getattr(user, "input_size", None)
         if isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1:
             raise ExportError(
