@@ -17,13 +17,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from service import openapi, wire
 from service.config import Settings, package_version
 from service.logs import log_models
 from service.metrics import Metrics
-from service.routes import json_response, router
+from service.routes import error_response, json_response, router, serve_inference
 from service.runtime import ModelRuntime, Runtime
 from service.transport import RemoteRuntime
 from service.validation import RequestError
@@ -35,7 +35,7 @@ ENGINE_SOCKET_ENV = "_RNNSERVE_ENGINE_SOCKET"
 WORKER_HEADER = "X-Rnnserve-Worker"
 
 
-def create_worker_app() -> FastAPI:
+def create_worker_app() -> App:
     """One HTTP worker of ``rnnserve --workers N`` (uvicorn's app factory in each worker).
 
     Settings come from the ``RNNSERVE_*`` environment the parent set; the models from the
@@ -47,11 +47,36 @@ def create_worker_app() -> FastAPI:
     except KeyError:
         raise RuntimeError(f"{ENGINE_SOCKET_ENV} is not set: start workers with rnnserve") from None
     app = create_app(Settings(), engine_socket=socket_path)
-    app.add_middleware(_WorkerHeader)
+    app.extra_header = (WORKER_HEADER.lower().encode(), str(os.getpid()).encode())
     return app
 
 
-def create_app(settings: Settings | None = None, *, engine_socket: str | None = None) -> FastAPI:
+class App(FastAPI):
+    """FastAPI, with the inference endpoints served before its middleware and routing
+    (:func:`service.routes.serve_inference`); everything else goes through FastAPI."""
+
+    extra_header: tuple[bytes, bytes] | None = None  # on every response (worker's pid)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if self.extra_header is not None:
+                send = _with_header(send, self.extra_header)
+            scope["app"] = self  # as Starlette sets it: request.app
+            if await serve_inference(scope, receive, send):
+                return
+        await super().__call__(scope, receive, send)
+
+
+def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
+    async def send_with_header(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", []), header]
+        await send(message)
+
+    return send_with_header
+
+
+def create_app(settings: Settings | None = None, *, engine_socket: str | None = None) -> App:
     """Build the app; models load and warm up in its lifespan, before it takes traffic.
 
     With ``engine_socket`` the models are the engine process's, reached over that socket, and
@@ -75,7 +100,7 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
             app.state.ready = False  # /readyz answers 503 while draining
             await runtime.stop()
 
-    app = FastAPI(
+    app = App(
         title="rnnserve",
         version=package_version(),
         summary="Batched serving of recurrent sequence models",
@@ -96,9 +121,7 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> Response:
-        # raised by a dependency (the bearer token check) or a route
-        auth = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return json_response(exc.body(), exc.status, auth)
+        return error_response(exc)  # raised by a dependency (the bearer token check)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -118,23 +141,3 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
         )
 
     return app
-
-
-class _WorkerHeader:
-    """Names this worker's pid on every response (which worker answered is otherwise hidden)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self.header = (WORKER_HEADER.lower().encode(), str(os.getpid()).encode())
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_header(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), self.header]
-            await send(message)
-
-        await self.app(scope, receive, send_with_header)

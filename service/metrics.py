@@ -9,6 +9,7 @@ process's files: the workers' request metrics and the engine's batch metrics.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -34,6 +35,7 @@ class Metrics:
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.multiprocess = multiprocess
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.request_duration = Histogram(
             "rnnserve_request_duration_seconds",
@@ -146,10 +148,20 @@ class Metrics:
             multiprocess_mode="livesum",
         )
 
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, remembered: per request, prometheus_client's label
+        checks and lock cost more than the observation itself. For label values from a small
+        set only (endpoints, served models, status codes), never a client's text."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
+
     # -- batcher observer -------------------------------------------------------------------
 
     def on_queue_depth(self, name: str, depth: int) -> None:
-        self.queue_depth.labels(name).set(depth)
+        self.child(self.queue_depth, name).set(depth)
 
     def on_batch(
         self,

@@ -7,9 +7,9 @@ import contextlib
 import hmac
 import logging
 import math
+import os
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -19,6 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import Receive, Scope, Send
 
 from service import defaults, wire
 from service.batching import (
@@ -176,11 +177,25 @@ def _server_token(request: Request) -> bytes | None:
     return token
 
 
+# the ``endpoint`` label of each route that needs the token (never the client's path: a model
+# name in it, or a proxy's prefix, would make a label series per client string)
+_ENDPOINT = {"/smooth": "smooth", "/rollout": "rollout", "/models/{name}/infer": "infer",
+             "/models": "models", "/metrics": "metrics"}  # fmt: skip
+
+
 async def authorize(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     """Require ``Authorization: Bearer <token>`` when the server has a token."""
+    route = request.scope.get("route")
+    check_token(request, credentials, _ENDPOINT.get(getattr(route, "path", ""), "none"))
+
+
+def check_token(
+    request: Request, credentials: HTTPAuthorizationCredentials | None, endpoint: str
+) -> None:
+    """Raise 401 ``unauthorized`` unless the server has no token or ``credentials`` hold it."""
     token = _server_token(request)
     if token is None:
         return
@@ -188,12 +203,18 @@ async def authorize(
     if hmac.compare_digest(given, token):  # constant time: no timing oracle on the token
         return
     metrics: Metrics = request.app.state.metrics
-    metrics.rejected.labels(request.url.path.strip("/"), "unauthorized").inc()
+    metrics.rejected.labels(endpoint, "unauthorized").inc()
     why = "a wrong bearer token" if credentials is not None else "no bearer token"
     raise RequestError(401, "unauthorized", f"this endpoint needs a bearer token; got {why}")
 
 
 _AUTH = [Depends(authorize)]
+
+
+def error_response(exc: RequestError) -> Response:
+    """A :class:`RequestError` raised outside a route's own handling (the token check)."""
+    auth = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return json_response(exc.body(), exc.status, auth)
 
 
 # -- memory budget -------------------------------------------------------------------------------
@@ -327,6 +348,40 @@ async def infer(request: Request, name: str) -> Response:
     return await _infer(request, "infer", None, InferRequest, "inputs", "outputs", path_model=name)
 
 
+async def serve_inference(scope: Scope, receive: Receive, send: Send) -> bool:
+    """Serve ``POST /smooth``, ``/rollout`` and ``/models/{name}/infer`` straight from the ASGI
+    call, without FastAPI's routing, dependency solving and middleware, which cost as much CPU
+    per request as parsing the body; ``False``: not one of them, let FastAPI route it.
+
+    The routes above stay the documented ones (OpenAPI) and serve what this declines (a
+    ``root_path`` set by a proxy); both run the same token check and :func:`_infer`.
+    """
+    path = scope["path"]
+    if scope["method"] != "POST" or scope.get("root_path"):
+        return False
+    name = None
+    if path == "/smooth":
+        args: tuple[Any, ...] = ("smooth", "smoother", SmoothRequest, "sequences", "sequences")
+    elif path == "/rollout":
+        args = ("rollout", "traveller", RolloutRequest, "inputs", "positions")
+    elif path.startswith("/models/") and path.endswith("/infer") and len(path) > 14:
+        name = path[8:-6]
+        if "/" in name:
+            return False
+        args = ("infer", None, InferRequest, "inputs", "outputs")
+    else:
+        return False
+    request = Request(scope, receive)
+    try:
+        check_token(request, await _bearer(request), args[0])
+    except RequestError as exc:
+        response = error_response(exc)
+    else:
+        response = await _infer(request, *args, path_model=name)
+    await response(scope, receive, send)
+    return True
+
+
 # where each kind of model is served natively; every kind answers at /models/{name}/infer
 _NATIVE = {"smoother": "/smooth", "traveller": "/rollout"}
 
@@ -376,7 +431,20 @@ def _request_id(request: Request) -> str:
     given = request.headers.get(REQUEST_ID_HEADER)
     if given is not None and _REQUEST_ID.fullmatch(given):
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # a random 128-bit id, as uuid4().hex but without the object
+
+
+def _default_model(state: Any, kind: str) -> str:
+    """The model a request of ``kind`` without ``model`` gets; resolved once per app (the
+    served models and settings do not change once it is ready)."""
+    try:
+        chosen: dict[str, str] = state.default_models
+    except AttributeError:
+        chosen = state.default_models = {}
+    name = chosen.get(kind)
+    if name is None:  # an ambiguous default raises the client's error every time
+        name = chosen[kind] = defaults.resolve(state.runtime.models, kind, state.settings)
+    return name
 
 
 def _deadline(request: Request, started: float, default_s: float) -> float:
@@ -414,7 +482,7 @@ async def _infer(
     runtime: Runtime = state.runtime
     settings = state.settings
     started = time.perf_counter()
-    gauge = metrics.in_flight.labels(endpoint)
+    gauge = metrics.child(metrics.in_flight, endpoint)
     gauge.inc()
     in_flight: Gauge | None = gauge  # None once a stream has taken over the accounting
     model_label = kind or "unknown"  # the default model, until the body or path names one
@@ -449,7 +517,7 @@ async def _infer(
                 )  # fmt: skip
             name, where = path_model, ("path", "name")
         if not name and kind is not None:  # the only one of its kind, or the configured one
-            name = defaults.resolve(runtime.models, kind, settings)
+            name = _default_model(state, kind)
         name = name or ""
         try:
             served = runtime.get(name)
@@ -541,7 +609,8 @@ async def _infer(
         if in_flight is not None:
             in_flight.dec()
             elapsed = time.perf_counter() - started
-            metrics.request_duration.labels(endpoint, model_label, str(code)).observe(elapsed)
+            duration = metrics.child(metrics.request_duration, endpoint, model_label, str(code))
+            duration.observe(elapsed)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[A], deadline: float) -> A:
