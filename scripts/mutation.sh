@@ -31,7 +31,12 @@ in_background() {  # "$@" in its own niced session; stopped with this script (Ct
 }
 CORE=(service/batching.py service/validation.py service/scheduler.py service/wire.py
       service/routes.py models/packing.py models/__init__.py)
-LATER=(models/smoothing.py models/traveller.py models/kernels/*.py)
+# models/kernels/numba_math.py and models/kernels/__init__.py are left out: every function of the
+# first is compiled by numba (through `overload`) or run by numba while it compiles, and the
+# second's only function is decorated (functools.cache), which mutmut does not mutate.
+LATER=(models/smoothing.py models/traveller.py models/kernels/smoother_cpu.py
+       models/kernels/rollout_cpu.py models/kernels/smoother_triton.py
+       models/kernels/rollout_triton.py)
 
 # The tests that judge each module: the ones that exercise it directly, kept small enough that a
 # module finishes in minutes. mutmut runs, for each mutant, only those of them that reach the
@@ -48,10 +53,18 @@ tests_for() {
     models/packing.py) echo tests/unit/test_packing.py tests/unit/test_smoothing.py \
                             tests/unit/test_traveller.py ;;
     models/__init__.py) echo tests/unit/test_loader.py tests/unit/test_torchscript.py ;;
-    models/smoothing.py) echo tests/unit/test_smoothing.py tests/unit/test_smoother_triton.py ;;
-    models/traveller.py) echo tests/unit/test_traveller.py tests/unit/test_rollout_backends.py ;;
-    models/kernels/*) echo tests/unit/test_smoothing.py tests/unit/test_traveller.py \
-                           tests/unit/test_rollout_backends.py tests/unit/test_smoother_triton.py ;;
+    models/smoothing.py) echo tests/unit/test_smoothing.py tests/unit/test_smoother_triton.py \
+                              tests/unit/test_smoothing_mutation.py ;;
+    models/traveller.py) echo tests/unit/test_traveller.py tests/unit/test_rollout_backends.py \
+                              tests/unit/test_traveller_mutation.py ;;
+    # one subset per kernel file: the triton ones run under TRITON_INTERPRET=1 (seconds a test)
+    models/kernels/smoother_cpu.py) echo tests/unit/test_smoothing.py \
+                                         tests/unit/test_smoothing_mutation.py ;;
+    models/kernels/rollout_cpu.py) echo tests/unit/test_rollout_cpu.py tests/unit/test_kernels_mutation.py ;;
+    models/kernels/smoother_triton.py) echo tests/unit/test_smoother_triton.py \
+                                            tests/unit/test_triton_edges.py ;;
+    models/kernels/rollout_triton.py) echo tests/unit/test_rollout_triton.py \
+                                           tests/unit/test_triton_edges.py ;;
     *) echo "no test subset for $1: add it to tests_for in $0" >&2; return 1 ;;
   esac
 }
