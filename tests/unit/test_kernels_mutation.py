@@ -1,0 +1,149 @@
+"""The kernels' host code, from the mutation runs of models/kernels/*.py.
+
+The compiled loops themselves are checked against references elsewhere (test_rollout_cpu.py,
+test_smoothing.py, test_smoother_triton.py); these tests pin what the Python around them does:
+the shapes the numba rollout refuses before its loop (which does not check bounds), with the
+exact message, and the state it hands back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+from models.packing import pack
+from models.traveller import Traveller, rollout_packed
+
+rollout_cpu = pytest.importorskip("models.kernels.rollout_cpu")
+run = rollout_cpu.rollout_packed_numba
+
+
+def refusal(exc: type[Exception], call: Callable[[], object]) -> str:
+    """The message ``call`` is refused with (it must raise ``exc``)."""
+    try:
+        call()
+    except exc as error:
+        return str(error)
+    raise AssertionError(f"not refused with {exc.__name__}")
+
+
+def weights(
+    layers: int = 2, hidden: int = 4, num_inputs: int = 3, dtype: torch.dtype = torch.float64
+) -> tuple[list[Tensor], list[Tensor], Tensor, Tensor]:
+    torch.manual_seed(layers * 100 + hidden)
+    model = Traveller(num_inputs, hidden, layers).eval().requires_grad_(False).to(dtype)
+    with torch.no_grad():
+        model.output_layer.weight.mul_(12.0)
+        model.lstm_layers.weight_ih_l0.mul_(3.0)
+    w_cat, bias, w_out, b_out = model.fused_weights()
+    return list(w_cat), list(bias), w_out, b_out
+
+
+def inputs(lengths: list[int], num_inputs: int = 3) -> tuple[Tensor, list[int]]:
+    gen = torch.Generator().manual_seed(sum(lengths))
+    x = pack([torch.randn(n, num_inputs, generator=gen, dtype=torch.float64) for n in lengths])
+    return x.data, x.batch_sizes.tolist()
+
+
+def test_each_wrong_weight_shape_is_named() -> None:
+    u, sizes = inputs([3, 2])  # hidden 4, 2 layers, 3 inputs
+    w_cat, bias, w_out, b_out = weights()
+    w0, w1 = w_cat
+    cases = [
+        ([w0[:-1], w1], bias, w_out, b_out, "w_cat[0] must have shape [9, 16], got [8, 16]"),
+        ([w0, w1[:, :8]], bias, w_out, b_out, "w_cat[1] must have shape [8, 16], got [8, 8]"),
+        (w_cat, [bias[0][:4], bias[1]], w_out, b_out, "bias[0] must have shape [16], got [4]"),
+        (w_cat, [bias[0], bias[1][:4]], w_out, b_out, "bias[1] must have shape [16], got [4]"),
+        (w_cat, bias, w_out.t(), b_out, "w_out must have shape [4, 2], got [2, 4]"),
+        (w_cat, bias, w_out, b_out[:1], "b_out must have shape [2], got [1]"),
+    ]  # fmt: skip
+    for w, b, wo, bo, message in cases:
+        assert refusal(ValueError, lambda w=w, b=b, wo=wo, bo=bo: run(u, sizes, w, b, wo, bo)) == (
+            message
+        )
+
+
+def test_each_wrong_state_shape_is_named() -> None:
+    u, sizes = inputs([3, 2])
+    w = weights()
+    h = torch.zeros(2, 2, 4, dtype=torch.float64)
+    p = torch.zeros(2, 2, dtype=torch.float64)
+    assert refusal(ValueError, lambda: run(u, sizes, *w, h[:, :1], h, p)) == (
+        "h0 must have shape [2, 2, 4], got [2, 1, 4]"
+    )
+    assert refusal(ValueError, lambda: run(u, sizes, *w, h, h[:1], p)) == (
+        "c0 must have shape [2, 2, 4], got [1, 2, 4]"
+    )
+    assert refusal(ValueError, lambda: run(u, sizes, *w, h, h, p[:, :1])) == (
+        "p0 must have shape [2, 2], got [2, 1]"
+    )
+
+
+def test_layers_inputs_and_batch_sizes_are_checked() -> None:
+    u, sizes = inputs([3, 2])
+    w_cat, bias, w_out, b_out = weights()
+    layers = "expected one bias per layer and 2-D packed inputs"
+    assert refusal(ValueError, lambda: run(u, sizes, w_cat, bias[:1], w_out, b_out)) == layers
+    assert (
+        refusal(ValueError, lambda: run(u[:, :, None], sizes, w_cat, bias, w_out, b_out)) == layers
+    )
+    sums = "batch_sizes must be positive and sum to 5 rows"
+    assert refusal(ValueError, lambda: run(u, [2, 2], w_cat, bias, w_out, b_out)) == sums
+    assert refusal(ValueError, lambda: run(u, [2, 2, 1, 0], w_cat, bias, w_out, b_out)) == sums
+    assert refusal(ValueError, lambda: run(u, [1, 2, 2], w_cat, bias, w_out, b_out)) == (
+        "batch_sizes must be non-increasing"
+    )
+    assert refusal(TypeError, lambda: run(u.half(), sizes, w_cat, bias, w_out, b_out)) == (
+        "the numba rollout takes float32 or float64, got torch.float16"
+    )
+
+
+def test_an_empty_hidden_layer_is_refused() -> None:
+    u, sizes = inputs([2], num_inputs=1)
+    w_cat = [torch.zeros(3, 0, dtype=torch.float64)]
+    bias = [torch.zeros(0, dtype=torch.float64)]
+    w_out, b_out = torch.zeros(0, 2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    assert refusal(ValueError, lambda: run(u, sizes, w_cat, bias, w_out, b_out)) == (
+        "expected one bias per layer and 2-D packed inputs"
+    )
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+@pytest.mark.parametrize("gemm_from", [0, 1, 2, 3, 100])
+def test_results_and_state_match_rollout_packed(layers: int, gemm_from: int) -> None:
+    """Every GEMM threshold (0 is taken as 1) and depth, from a given state, in float64."""
+    u, sizes = inputs([5, 3, 1])
+    w = weights(layers=layers)
+    gen = torch.Generator().manual_seed(layers)
+    h = torch.randn(layers, 3, 4, generator=gen, dtype=torch.float64)
+    c = torch.randn(layers, 3, 4, generator=gen, dtype=torch.float64)
+    p = torch.rand(3, 2, generator=gen, dtype=torch.float64) - 0.5
+    h0, c0, p0 = h.clone(), c.clone(), p.clone()
+    got = run(u, sizes, *w, h, c, p, gemm_from=gemm_from)
+    want = rollout_packed(u, sizes, *w, h, c, p)
+    for g, ref in zip(got, want, strict=True):
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, ref, atol=1e-12, rtol=0)
+    for given, before in ((h, h0), (c, c0), (p, p0)):  # the given state is not written to
+        assert torch.equal(given, before)
+
+
+def test_weights_of_another_dtype_are_cast_to_the_inputs() -> None:
+    u, sizes = inputs([4, 2])
+    w_cat, bias, w_out, b_out = weights()
+    got = run(u.float(), sizes, w_cat, bias, w_out, b_out)
+    want = rollout_packed(u.float(), sizes, *(x for x in weights(dtype=torch.float32)))
+    for g, ref in zip(got, want, strict=True):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, ref, atol=1e-5, rtol=0)
+
+
+def test_compile_for_compiles_without_running_anything_visible() -> None:
+    rollout_cpu.compile_for(torch.float64)
+    rollout_cpu.compile_for(torch.float32)
+    u, sizes = inputs([2])
+    got = run(u, sizes, *weights(layers=1))
+    torch.testing.assert_close(got[0], rollout_packed(u, sizes, *weights(layers=1))[0])

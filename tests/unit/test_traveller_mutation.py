@@ -1,0 +1,238 @@
+"""The Traveller's backend choice, state handling, weight cache and refusals, from the mutation
+run of models/traveller.py.
+
+Every backend computes the same positions, so a model that resolves the wrong one still matches
+the references: these tests check which function a backend name resolves to, and the exact text
+of each refusal (the caller's only clue to what was wrong).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import models.kernels.rollout_cpu as rollout_cpu
+import models.traveller as traveller
+from models.packing import pack, unpack
+from models.traveller import RolloutState, Traveller, rollout_backend_fn, rollout_packed
+from tests.references import bent_model, seed_rollout
+
+CPU = torch.device("cpu")
+
+
+def refusal(exc: type[Exception], call: Callable[[], object]) -> str:
+    """The message ``call`` is refused with (it must raise ``exc``)."""
+    try:
+        call()
+    except exc as error:
+        return str(error)
+    raise AssertionError(f"not refused with {exc.__name__}")
+
+
+def reference(model: Traveller, u: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return seed_rollout(model.lstm_layers, model.output_layer, model.activation, u[:, None])
+
+
+def test_backend_names_resolve_to_their_functions() -> None:
+    assert rollout_backend_fn("eager", CPU) == (rollout_packed, "eager")
+    assert rollout_backend_fn("torchscript", CPU) == (traveller.scripted_rollout(), "torchscript")
+    assert rollout_backend_fn("numba", CPU) == (rollout_cpu.rollout_packed_numba, "numba")
+    assert rollout_backend_fn("auto", CPU) == (rollout_cpu.rollout_packed_numba, "numba")
+
+
+def test_auto_on_the_cpu_without_numba_is_torchscript(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "models.kernels.rollout_cpu", None)  # import fails
+    assert rollout_backend_fn("auto", CPU) == (traveller.scripted_rollout(), "torchscript")
+
+
+def test_auto_on_cuda_is_triton_when_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    import models.kernels.rollout_triton as rollout_triton
+
+    checked: list[torch.device] = []
+    monkeypatch.setattr(rollout_triton, "check_device", checked.append)
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(traveller, "_triton_rollout_imports", lambda: True)
+    assert rollout_backend_fn("auto", cuda) == (rollout_triton.rollout_packed_triton, "triton")
+    assert checked == [cuda]
+    monkeypatch.setattr(traveller, "_triton_rollout_imports", lambda: False)
+    assert rollout_backend_fn("auto", cuda) == (traveller.scripted_rollout(), "torchscript")
+
+
+def test_triton_rollout_imports_says_whether_the_module_imports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert traveller._triton_rollout_imports() is True
+    monkeypatch.setitem(sys.modules, "models.kernels.rollout_triton", None)
+    assert traveller._triton_rollout_imports() is False
+
+
+def test_an_unknown_backend_is_refused_with_the_known_ones() -> None:
+    assert refusal(ValueError, lambda: rollout_backend_fn("fast", CPU)) == (
+        "unknown rollout backend 'fast'; known: auto, eager, torchscript, numba, triton"
+    )
+
+
+def test_compile_rollout_sets_the_function_and_its_name() -> None:
+    model = Traveller(2, 4, 1)
+    assert model.rollout_backend == "eager"
+    assert model._rollout_fn is rollout_packed
+    model.compile_rollout("numba")
+    assert model.rollout_backend == "numba"
+    assert model._rollout_fn is rollout_cpu.rollout_packed_numba
+    model.compile_rollout()  # auto: numba on the CPU
+    assert model.rollout_backend == "numba"
+
+
+def test_a_new_traveller_has_no_dropout_and_says_its_config() -> None:
+    model = Traveller(3, 5, 2)
+    assert model.dropout == 0.0
+    assert model.lstm_layers.dropout == 0.0
+    assert model.config == traveller.TravellerConfig(3, 5, 2, 0.0)
+    assert (model.lstm_layers.input_size, model.lstm_layers.hidden_size) == (5, 5)
+    assert model.lstm_layers.num_layers == 2
+    assert model.lstm_layers.batch_first
+
+
+def test_zeros_state_is_zero_in_the_asked_dtype() -> None:
+    state = RolloutState.zeros(3, 2, 5, dtype=torch.float64, device=CPU)
+    for t, shape in ((state.h, (3, 2, 5)), (state.c, (3, 2, 5)), (state.p, (2, 2))):
+        assert tuple(t.shape) == shape
+        assert t.dtype == torch.float64
+        assert not t.any()
+    assert state.c.data_ptr() != state.h.data_ptr()
+
+
+def test_state_index_takes_the_rows_in_order() -> None:
+    h = torch.arange(2 * 3 * 2, dtype=torch.float64).reshape(2, 3, 2)
+    state = RolloutState(h, -h, torch.arange(6, dtype=torch.float64).reshape(3, 2))
+    picked = state.index(torch.tensor([2, 0]))
+    torch.testing.assert_close(picked.h, h[:, [2, 0]])
+    torch.testing.assert_close(picked.c, -h[:, [2, 0]])
+    torch.testing.assert_close(
+        picked.p, torch.tensor([[4.0, 5.0], [0.0, 1.0]], dtype=torch.float64)
+    )
+
+
+def test_a_state_given_in_original_order_continues_each_sequence() -> None:
+    """Sequences out of sorted order: the state is reordered on the way in and on the way out."""
+    model = bent_model(num_inputs=2, hidden=4, layers=2, seed=3)
+    gen = torch.Generator().manual_seed(3)
+    seqs = [torch.randn(n, 2, generator=gen, dtype=torch.float64) for n in (3, 7, 5)]
+    heads, tails = [u[:2] for u in seqs], [u[2:] for u in seqs]
+    with torch.inference_mode():
+        _, mid = model.rollout_with_state(pack(heads))
+        out, end = model.rollout_with_state(pack(tails), mid)
+        for i, u in enumerate(seqs):
+            alone, alone_end = model.rollout_with_state(pack([u]))
+            torch.testing.assert_close(unpack(out)[i], alone.data[2:], atol=1e-12, rtol=0)
+            torch.testing.assert_close(end.p[i], alone_end.p[0], atol=1e-12, rtol=0)
+            torch.testing.assert_close(end.h[:, i], alone_end.h[:, 0], atol=1e-12, rtol=0)
+            torch.testing.assert_close(end.c[:, i], alone_end.c[:, 0], atol=1e-12, rtol=0)
+
+
+def test_wrong_widths_and_states_are_refused_with_their_shapes() -> None:
+    model = Traveller(6, 4, 2)
+    assert refusal(ValueError, lambda: model.rollout(pack([torch.zeros(3, 5)]))) == (
+        "expected inputs with 6 features per step, got shape [3, 5]"
+    )
+    assert refusal(ValueError, lambda: model(torch.zeros(3, 2, 6))) == (
+        "expected inputs of shape [T, 1, 6], got [3, 2, 6]"
+    )
+    assert refusal(ValueError, lambda: model(torch.zeros(3, 6))) == (
+        "expected inputs of shape [T, 1, 6], got [3, 6]"
+    )
+    with pytest.raises(ValueError, match="6 features per step, got shape"):
+        model(torch.zeros(3, 1, 5))
+    with pytest.raises(TypeError) as info2:
+        model.rollout(torch.zeros(3, 6))  # type: ignore[arg-type]
+    assert str(info2.value) == "rollout takes a PackedSequence, got Tensor"
+    packed = pack([torch.zeros(3, 6), torch.zeros(2, 6)])
+    good = RolloutState.zeros(2, 2, 4, dtype=torch.float32, device=CPU)
+    hc = "state h and c must have shape [2, 2, 4], got "
+    for h, c, p, message in (
+        (good.h[:, :1], good.c, good.p, hc + "[2, 1, 4] and [2, 2, 4]"),
+        (good.h, good.c[:1], good.p, hc + "[2, 2, 4] and [1, 2, 4]"),
+        (good.h, good.c, good.p[:1], "state p must have shape [2, 2], got [1, 2]"),
+    ):
+        state = RolloutState(h, c, p)
+        assert refusal(ValueError, lambda s=state: model.rollout_with_state(packed, s)) == message
+
+
+def test_fused_weights_are_cached_until_a_parameter_changes() -> None:
+    model = bent_model(num_inputs=2, hidden=4, layers=2, dtype=torch.float32)
+    with torch.no_grad():
+        first = model.fused_weights()
+        assert model.fused_weights() is first
+    with torch.inference_mode():
+        assert model.fused_weights() is first
+    # with gradients needed, a fresh fusion every call, part of the autograd graph
+    live = model.fused_weights()
+    assert live is not first
+    assert live[0][0].requires_grad
+    assert model.fused_weights() is not live
+    w_before = first[0][1].clone()
+    with torch.no_grad():
+        model.lstm_layers.weight_hh_l1.add_(1.0)
+        changed = model.fused_weights()
+    assert changed is not first
+    torch.testing.assert_close(changed[0][1][:4], w_before[:4])  # rows of w_ih_l1
+    torch.testing.assert_close(changed[0][1][4:], w_before[4:] + 1.0)  # rows of w_hh_l1
+
+
+def test_fused_weights_of_inference_tensors_are_not_cached() -> None:
+    with torch.inference_mode():
+        model = bent_model(num_inputs=2, hidden=4, layers=1, dtype=torch.float32)
+        a = model.fused_weights()
+        b = model.fused_weights()
+    assert a is not b
+    assert model._fused_cache is None
+    torch.testing.assert_close(a[0][0], b[0][0])
+
+
+def test_fused_layout_is_p_then_h_then_u() -> None:
+    model = Traveller(3, 4, 2)
+    w_cat, bias, w_out, b_out = model.fused_weights()
+    lstm = model.lstm_layers
+    w_ih0, w_hh0 = lstm.weight_ih_l0.detach(), lstm.weight_hh_l0.detach()
+    torch.testing.assert_close(w_cat[0], torch.cat([w_ih0[:, :2], w_hh0, w_ih0[:, 2:]], 1).t())
+    torch.testing.assert_close(
+        w_cat[1], torch.cat([lstm.weight_ih_l1.detach(), lstm.weight_hh_l1.detach()], 1).t()
+    )
+    torch.testing.assert_close(bias[1], (lstm.bias_ih_l1 + lstm.bias_hh_l1).detach())
+    torch.testing.assert_close(w_out, model.output_layer.weight.detach().t())
+    torch.testing.assert_close(b_out, model.output_layer.bias.detach())
+    assert w_cat[0].is_contiguous()
+    assert w_out.is_contiguous()
+
+
+def test_forward_of_one_sequence_matches_the_seed_where_tanh_bends() -> None:
+    model = bent_model(num_inputs=2, hidden=4, layers=2, seed=5)
+    u = torch.randn(9, 1, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        y = model(u)
+    torch.testing.assert_close(y, reference(model, u[:, 0]), atol=1e-12, rtol=0)
+
+
+def test_training_without_dropout_takes_the_fused_rollout() -> None:
+    """``_stepwise`` (nn.LSTM per step) is only for dropout; dropout 0 in training is fused."""
+    model = bent_model(num_inputs=2, hidden=4, layers=2, seed=6).train()
+    calls: list[int] = []
+    model._rollout_fn = lambda u, sizes, *rest: (
+        calls.append(len(sizes)),
+        rollout_packed(u, sizes, *rest),
+    )[1]  # type: ignore[assignment]
+    u = torch.randn(5, 1, 2, dtype=torch.float64)
+    y = model(u)
+    assert calls == [5]
+    torch.testing.assert_close(y.detach(), reference(model, u[:, 0]), atol=1e-12, rtol=0)
+
+
+def test_stepwise_with_dropout_in_eval_is_the_fused_rollout() -> None:
+    model = Traveller(2, 4, 2, dropout=0.5).double().eval()
+    u = torch.randn(6, 1, 2, dtype=torch.float64)
+    torch.testing.assert_close(model(u), model._stepwise(u), atol=1e-12, rtol=0)
+    torch.testing.assert_close(model(u), reference(model, u[:, 0]), atol=1e-12, rtol=0)
