@@ -8,6 +8,7 @@ routes over a :class:`~service.transport.RemoteRuntime` that reaches the engine 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -24,7 +25,7 @@ from service.config import Settings, package_version
 from service.logs import log_models
 from service.metrics import Metrics
 from service.routes import error_response, json_response, router, serve_inference
-from service.runtime import ModelRuntime, Runtime
+from service.runtime import ModelRuntime, Runtime, settle_garbage_collector
 from service.transport import RemoteRuntime
 from service.validation import RequestError
 
@@ -93,12 +94,14 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
         openapi.refresh(app)  # the description of the models now served
         # the JSON scanner compiles here, not in the first request
         await asyncio.get_running_loop().run_in_executor(None, wire.warm_up)
+        settle_garbage_collector()
         app.state.ready = True
         try:
             yield
         finally:
             app.state.ready = False  # /readyz answers 503 while draining
             await runtime.stop()
+            gc.unfreeze()
 
     app = App(
         title="rnnserve",

@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from service.config import Settings
 from service.logs import configure_logging, log_models
 from service.metrics import Metrics
-from service.runtime import ModelRuntime
+from service.runtime import ModelRuntime, settle_garbage_collector
 from service.transport import EngineServer
 
 log = logging.getLogger("rnnserve.engine")
@@ -59,6 +59,7 @@ async def serve(settings: Settings, socket_path: str, ready: Connection | None =
     log_models(runtime.models, log)
     server = EngineServer(runtime, socket_path)
     await server.start()
+    settle_garbage_collector()
     log.info("engine (pid %d) serving on %s", os.getpid(), socket_path)
     if ready is not None:
         ready.send(os.getpid())
