@@ -224,3 +224,19 @@ def test_a_plain_tensor_is_refused_with_its_type_and_the_fix() -> None:
         "LinearRecursion takes a PackedSequence, got Tensor; "
         "pack your sequences with torch.nn.utils.rnn.pack_sequence"
     )
+
+
+def test_a_state_on_the_cpu_follows_rows_on_another_device() -> None:
+    """The state and the last-step index are moved to the rows' device ("meta" stands in for a
+    GPU here: it has shapes and devices but no values)."""
+    model = make_model("torch").to("meta")
+    packed = pack(seqs())
+    rows = PackedSequence(
+        packed.data.to("meta"), packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices
+    )
+    with torch.inference_mode():
+        out, final = model.forward_with_state(rows, torch.zeros(4, 3))
+        out2, final2 = model.forward_with_state(rows)
+    for t in (out.data, final, out2.data, final2):
+        assert t.device.type == "meta"
+    assert tuple(final.shape) == tuple(final2.shape) == (4, 3)

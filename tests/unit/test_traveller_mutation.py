@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -104,6 +105,9 @@ def test_zeros_state_is_zero_in_the_asked_dtype() -> None:
         assert t.dtype == torch.float64
         assert not t.any()
     assert state.c.data_ptr() != state.h.data_ptr()
+    # "meta" stands in for a GPU: the state is made on the device asked for
+    meta = RolloutState.zeros(1, 2, 3, dtype=torch.float32, device=torch.device("meta"))
+    assert {t.device.type for t in (meta.h, meta.c, meta.p)} == {"meta"}
 
 
 def test_state_index_takes_the_rows_in_order() -> None:
@@ -217,14 +221,22 @@ def test_forward_of_one_sequence_matches_the_seed_where_tanh_bends() -> None:
     torch.testing.assert_close(y, reference(model, u[:, 0]), atol=1e-12, rtol=0)
 
 
+def spy_on(model: Traveller) -> list[int]:
+    """The number of steps of each call of the model's fused rollout, which still runs."""
+    calls: list[int] = []
+
+    def spy(u: torch.Tensor, sizes: list[int], *rest: Any) -> Any:
+        calls.append(len(sizes))
+        return rollout_packed(u, sizes, *rest)
+
+    model._rollout_fn = spy
+    return calls
+
+
 def test_training_without_dropout_takes_the_fused_rollout() -> None:
     """``_stepwise`` (nn.LSTM per step) is only for dropout; dropout 0 in training is fused."""
     model = bent_model(num_inputs=2, hidden=4, layers=2, seed=6).train()
-    calls: list[int] = []
-    model._rollout_fn = lambda u, sizes, *rest: (
-        calls.append(len(sizes)),
-        rollout_packed(u, sizes, *rest),
-    )[1]  # type: ignore[assignment]
+    calls = spy_on(model)
     u = torch.randn(5, 1, 2, dtype=torch.float64)
     y = model(u)
     assert calls == [5]
@@ -232,7 +244,12 @@ def test_training_without_dropout_takes_the_fused_rollout() -> None:
 
 
 def test_stepwise_with_dropout_in_eval_is_the_fused_rollout() -> None:
+    """Dropout only matters in training: in eval a model with dropout takes the fused rollout."""
     model = Traveller(2, 4, 2, dropout=0.5).double().eval()
+    calls = spy_on(model)
     u = torch.randn(6, 1, 2, dtype=torch.float64)
+    with torch.no_grad():
+        model(u)
+    assert calls == [6]
     torch.testing.assert_close(model(u), model._stepwise(u), atol=1e-12, rtol=0)
     torch.testing.assert_close(model(u), reference(model, u[:, 0]), atol=1e-12, rtol=0)
