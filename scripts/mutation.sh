@@ -87,6 +87,17 @@ warmup_for() {
   esac
 }
 
+# Extra pytest arguments for a module's run. The Traveller's backend tests run the triton backend
+# too, under TRITON_INTERPRET=1 (6 s a case, ~30 s for every mutant of the rollout path, most of
+# a run); traveller.py hands the triton backend the same arguments as numba's, and the triton
+# kernel has its own run (models/kernels/rollout_triton.py), so its cases are left out here.
+extra_args_for() {
+  case "$1" in
+    models/traveller.py) echo ', "-k", "not triton"' ;;
+    *) echo "" ;;
+  esac
+}
+
 toml_list() {  # toml_list a b c -> "a", "b", "c"
   local out="" x
   for x in "$@"; do out+="${out:+, }\"$x\""; done
@@ -114,7 +125,7 @@ source_paths = ["models/", "service/"]
 only_mutate = ["$module"]
 also_copy = ["scripts/", "examples/", "README.md", ".ci/", "docs/"]
 pytest_add_cli_args_test_selection = [$(toml_list "${tests[@]}")]
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"$(warmup_for "$module")]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"$(warmup_for "$module")$(extra_args_for "$module")]
 # pragma-free exclusions: log calls and docstrings are not behaviour
 do_not_mutate_patterns = ['log\\.\\w+\\(']
 process_isolation = "forkserver"

@@ -50,7 +50,7 @@ def test_auto_on_the_cpu_without_numba_is_torchscript(monkeypatch: pytest.Monkey
     assert rollout_backend_fn("auto", CPU) == (traveller.scripted_rollout(), "torchscript")
 
 
-def test_auto_on_cuda_is_triton_when_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_on_cuda_takes_the_gpu_kernel_when_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
     import models.kernels.rollout_triton as rollout_triton
 
     checked: list[torch.device] = []
@@ -63,7 +63,7 @@ def test_auto_on_cuda_is_triton_when_it_imports(monkeypatch: pytest.MonkeyPatch)
     assert rollout_backend_fn("auto", cuda) == (traveller.scripted_rollout(), "torchscript")
 
 
-def test_triton_rollout_imports_says_whether_the_module_imports(
+def test_the_gpu_kernel_import_check_says_whether_it_imports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert traveller._triton_rollout_imports() is True
