@@ -617,17 +617,26 @@ async def _unless_disconnected(request: Request, work: Awaitable[A], deadline: f
     """Await ``work``; if the client disconnects first, cancel it (it leaves the queue or the
     running batch) and raise :class:`ClientGone`; if the deadline passes first, cancel it
     likewise and raise :class:`DeadlineExceeded`."""
+    loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
+    woken = loop.create_future()  # asyncio.wait's job, without its sets and bookkeeping
+
+    def wake(_: object = None) -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    task.add_done_callback(wake)
+    watcher.add_done_callback(wake)
     left = deadline - time.perf_counter()
+    timer = None if math.isinf(left) else loop.call_later(max(left, 0.0), wake)
     try:
-        await asyncio.wait(
-            {task, watcher},
-            timeout=None if math.isinf(left) else max(left, 0.0),
-            return_when=asyncio.FIRST_COMPLETED,
-        )
+        await woken
     finally:
         watcher.cancel()
+        task.remove_done_callback(wake)
+        if timer is not None:
+            timer.cancel()
     if task.done():
         return task.result()
     task.cancel()

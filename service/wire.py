@@ -642,9 +642,12 @@ def is_safetensors(content_type: str | None) -> bool:
     return (content_type or "").split(";")[0].strip().lower() == SAFETENSORS
 
 
+_PLAIN_ACCEPT = frozenset({"*/*", JSON})  # what most clients send: JSON, without parsing it
+
+
 def wants_safetensors(accept: str | None) -> bool:
     """Whether the ``Accept`` header prefers safetensors to JSON (JSON on a tie with ``*/*``)."""
-    if not accept:
+    if not accept or accept in _PLAIN_ACCEPT:
         return False
     best_st, best_json = 0.0, 0.0
     for part in accept.split(","):
