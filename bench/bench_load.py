@@ -3,22 +3,41 @@
 Usage::
 
     python -m bench.bench_load [--quick] [--seconds S] [--repeats R] [--clients N]
-                               [--binary auto|yes|no] [--sweep] [--out docs/BENCHMARKS.md]
+                               [--binary auto|yes|no] [--workers N] [--sweep]
+                               [--out docs/BENCHMARKS.md]
 
-Two servers on loopback, both up for the whole run: ``rnnserve`` with its default settings, and
-``bench/naive_server.py`` (plain FastAPI, pydantic lists, FastAPI's JSON response, the seeds' model
-code per request and per sequence, rnnserve's weights). For each workload of ``bench/load.py``
-(``/smooth`` 50-500 steps x 16, ``/rollout`` 50-500 steps x 6, ``/smooth`` 4,000 steps x 16), 64
-clients send requests back to back (``bench.load.closed_loop``) for ``--seconds`` per cell; runs are
-interleaved (every cell once, then every cell again) and each cell reports the median of its runs.
-When rnnserve answers its binary format (``Content-Type: application/x-safetensors``), its binary
-rows are measured too. The section of ``docs/BENCHMARKS.md`` between the ``bench_load`` markers
-holds the figures and the issue's targets beside them.
+Servers on loopback, all up for the whole run: ``rnnserve`` with its default settings (one
+process), ``bench/naive_server.py`` (plain FastAPI, pydantic lists, FastAPI's JSON response, the
+seeds' model code per request and per sequence, rnnserve's weights) and, with ``--workers N``
+(N >= 2; the default is 2 on a machine with 2 CPUs or more, ``--workers 0`` leaves it out),
+``rnnserve --workers N``: a supervisor, one engine process running the models and N uvicorn HTTP
+worker processes (``service/cli.py``), in the rows labelled ``rnnserve --workers N``.
+
+For each workload of ``bench/load.py`` (``/smooth`` 50-500 steps x 16, ``/rollout`` 50-500 steps
+x 6, ``/smooth`` 4,000 steps x 16), 64 clients send requests back to back
+(``bench.load.closed_loop``) for ``--seconds`` per cell, with the same request bodies for every
+server; runs are interleaved (every cell once, then every cell again) and each cell reports the
+median of its runs. When rnnserve answers its binary format (``Content-Type:
+application/x-safetensors``), its binary rows are measured too, for each rnnserve configuration.
+Each run also reads, per answered request, the CPU time of the server's whole process tree
+(``bench.load.process_tree_cpu_seconds``: for ``--workers N`` the supervisor, the engine and the
+workers) and of the load generator.
+
+The section of ``docs/BENCHMARKS.md`` between the ``bench_load`` markers holds the figures and the
+issue's targets beside them, a row per rnnserve configuration and format; for a target not met,
+the ceiling those CPU costs set on this machine: for the single process, the one core its event
+loop runs on; for ``--workers N``, whose N event loops share the cores, the CPU of server and load
+generator together against the machine's cores.
+
+``--rnnserve-url`` with ``--baseline-url`` loads servers started elsewhere instead (no server CPU
+then); ``--rnnserve-workers-url`` adds a running ``rnnserve --workers N``, N given by
+``--workers``.
 
 ``--sweep`` also runs the open-loop sweep (Poisson arrivals at fractions of each server's measured
-capacity), writes its data to ``docs/img/load_sweep.json`` and, where matplotlib is installed, the
-plots (``python -m bench.plot_load`` makes them from that data alone). The load generator runs on
-the same cores as the servers.
+capacity; the baseline and the default rnnserve only, not ``--workers``), writes its data to
+``docs/img/load_sweep.json`` and, where matplotlib is installed, the plots (``python -m
+bench.plot_load`` makes them from that data alone). The load generator runs on the same cores as
+the servers.
 """
 
 from __future__ import annotations
@@ -54,7 +73,7 @@ from bench.load import (
     make_bodies,
     open_loop,
     probe_binary,
-    process_cpu_seconds,
+    process_tree_cpu_seconds,
 )
 from bench.naive_server import start_naive_server
 from tests.e2e.server import Server, start_server, stop
@@ -68,9 +87,12 @@ TARGET_SPEEDUP = {"smooth": 25.0, "rollout": 30.0, "smooth4000": 100.0}
 TARGET_P99_RATIO = 1 / 15
 BASELINE: Final = "baseline"
 RNNSERVE: Final = "rnnserve"
-ServerName = Literal["baseline", "rnnserve"]
+WORKERS: Final = "workers"  # rnnserve --workers N (N: Report.workers)
+ServerName = Literal["baseline", "rnnserve", "workers"]
+DEFAULT_WORKERS = 2 if (os.cpu_count() or 1) >= 2 else 0
 SWEEP_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25)
 SWEEP_DATA = Path("docs/img/load_sweep.json")
+READY_TIMEOUT_S = 180.0  # for rnnserve to load and warm its models (--workers: then the workers)
 
 
 def _median(values: Iterable[float]) -> float:
@@ -87,8 +109,8 @@ class Cell:
     server: ServerName
     fmt: Format
     runs: list[LoadResult] = field(default_factory=list)
-    # CPU seconds per answered request, one figure per run: the server process (all its
-    # threads; NaN when it was started outside the benchmark) and the load generator
+    # CPU seconds per answered request, one figure per run: the server's process tree (every
+    # process and thread; NaN when it was started outside the benchmark) and the load generator
     server_cpu: list[float] = field(default_factory=list)
     client_cpu: list[float] = field(default_factory=list)
 
@@ -138,6 +160,7 @@ class Report:
     repeats: int
     quick: bool
     binary: bool  # rnnserve answered the binary format, and its rows were measured
+    workers: int = 0  # N of the "rnnserve --workers N" rows; 0: none measured
     baseline_threads: int | None = None
     threads_how: str = "torch's default"
     notes: list[str] = field(default_factory=list)
@@ -158,19 +181,29 @@ def servers(
     urls: Mapping[ServerName, str] | None = None,
     baseline_threads: int | None = None,
     pids: dict[ServerName, int] | None = None,
+    workers: int = 0,
 ) -> Iterator[dict[ServerName, str]]:
-    """URLs of rnnserve (default settings) and of the naive baseline, up for the whole block.
+    """URLs of rnnserve (default settings), of the naive baseline and, when ``workers`` >= 2, of
+    rnnserve with ``--workers <workers>`` (the rest default), all up for the whole block.
 
-    Both are started here (and stopped at the end) unless ``urls`` names running ones; the
-    process ids of those started here go into ``pids``.
+    They are started here (and stopped at the end) unless ``urls`` names running ones (the
+    workers server only where ``urls`` has one); the process ids of those started here go into
+    ``pids`` (for ``--workers``: the supervisor's, the root of its process tree).
     """
     if urls is not None:
-        yield {RNNSERVE: loopback_url(urls[RNNSERVE]), BASELINE: loopback_url(urls[BASELINE])}
+        yield {name: loopback_url(url) for name, url in urls.items()}
         return
+    if workers == 1 or workers < 0:
+        raise ValueError("workers: 0 (no such server) or at least 2")
     started: dict[ServerName, Server] = {}
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            started[RNNSERVE] = start_server(Path(tmp))
+            # a loaded or niced machine may take more than the tests' minute to warm up
+            started[RNNSERVE] = start_server(Path(tmp), ready_timeout_s=READY_TIMEOUT_S)
+            if workers:
+                started[WORKERS] = start_server(
+                    Path(tmp), "--workers", str(workers), ready_timeout_s=READY_TIMEOUT_S
+                )
             started[BASELINE] = start_naive_server(Path(tmp), torch_threads=baseline_threads)
             if pids is not None:
                 pids.update({name: server.proc.pid for name, server in started.items()})
@@ -180,9 +213,11 @@ def servers(
                 stop(server)
 
 
-def _configs(binary: bool) -> list[tuple[ServerName, Format]]:
-    configs: list[tuple[ServerName, Format]] = [(BASELINE, "json"), (RNNSERVE, "json")]
-    return [*configs, (RNNSERVE, "binary")] if binary else configs
+def _configs(binary: bool, workers: bool = False) -> list[tuple[ServerName, Format]]:
+    """(server, format) in the order each round of the benchmark measures them."""
+    fmts: list[Format] = ["json", "binary"] if binary else ["json"]
+    ours: list[ServerName] = [RNNSERVE, WORKERS] if workers else [RNNSERVE]
+    return [(BASELINE, "json"), *((s, f) for s in ours for f in fmts)]
 
 
 def _bodies(workloads: Sequence[Workload], binary: bool) -> dict[tuple[str, Format], list[Body]]:
@@ -219,14 +254,23 @@ def run(
     warmup_s: float = 1.0,
     urls: Mapping[ServerName, str] | None = None,
     baseline_threads: int | None = None,
+    workers: int = 0,
 ) -> Report:
-    """Measure every (workload, server, format) cell ``repeats`` times, interleaved."""
+    """Measure every (workload, server, format) cell ``repeats`` times, interleaved.
+
+    ``workers`` >= 2 adds the rows of rnnserve started with ``--workers <workers>`` (with
+    ``urls``: only where they name its URL under ``"workers"``).
+    """
     chosen = [WORKLOADS[w] for w in workloads]
     pids: dict[ServerName, int] = {}
-    with servers(urls, baseline_threads, pids) as up:
+    if urls is not None and WORKERS in urls and workers < 2:
+        raise ValueError("a running --workers server needs workers >= 2 (its N, for the rows)")
+    with servers(urls, baseline_threads, pids, workers) as up:
         has_binary = _detect_binary(up[RNNSERVE], binary)
+        has_workers = WORKERS in up
         bodies = _bodies(chosen, has_binary)
         report = Report([], clients, seconds, repeats, quick, has_binary)
+        report.workers = workers if has_workers else 0
         report.baseline_threads = _baseline_threads(up[BASELINE])
         if baseline_threads is not None:
             report.threads_how = "set with `--baseline-torch-threads`"
@@ -234,28 +278,27 @@ def run(
             report.threads_how = "a server started outside the benchmark"
         elif "OMP_NUM_THREADS" in os.environ:
             report.threads_how = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
-        cells = {
-            (w.name, s, f): Cell(w.name, s, f) for w in chosen for s, f in _configs(has_binary)
-        }
+        configs = _configs(has_binary, has_workers)
+        cells = {(w.name, s, f): Cell(w.name, s, f) for w in chosen for s, f in configs}
         report.cells = list(cells.values())
         for rep in range(repeats):
             for w in chosen:
-                for server, fmt in _configs(has_binary):
+                for server, fmt in configs:
                     url, data = up[server], bodies[w.name, fmt]
                     if rep == 0:  # connections, first calls, allocator: not timed
                         asyncio.run(
                             closed_loop(url, w, data, clients=clients, seconds=warmup_s,
                                         max_requests=clients, fmt=fmt)
                         )  # fmt: skip
-                    pid = pids.get(server)
-                    server_before = process_cpu_seconds(pid) if pid is not None else None
+                    pid = pids.get(server)  # the whole tree: supervisor, engine and workers
+                    server_before = process_tree_cpu_seconds(pid) if pid is not None else None
                     client_before = time.process_time()
                     result = asyncio.run(
                         closed_loop(url, w, data, clients=clients, seconds=seconds,
                                     max_requests=1_000_000, fmt=fmt)
                     )  # fmt: skip
                     client = time.process_time() - client_before
-                    server_after = process_cpu_seconds(pid) if pid is not None else None
+                    server_after = process_tree_cpu_seconds(pid) if pid is not None else None
                     cell = cells[w.name, server, fmt]
                     cell.runs.append(result)
                     answered = max(result.ok, 1)
@@ -266,7 +309,8 @@ def run(
                         else math.nan
                     )
                     print(
-                        f"bench_load: {w.name} {server} {fmt} run {rep + 1}/{repeats}: "
+                        f"bench_load: {w.name} {_label(server, fmt, report.workers)} run "
+                        f"{rep + 1}/{repeats}: "
                         f"{result.requests_per_s:,.1f} requests/s, p99 "
                         f"{result.p(99) * 1e3:,.0f} ms, errors {dict(result.errors) or 0}",
                         file=sys.stderr,
@@ -354,34 +398,60 @@ def _num(x: float, digits: int = 1) -> str:
     return "–" if math.isnan(x) else f"{x:,.{digits}f}"
 
 
-def _label(server: ServerName, fmt: Format) -> str:
-    return "naive FastAPI (baseline)" if server == BASELINE else f"rnnserve, {fmt}"
+def _label(server: ServerName, fmt: Format, workers: int = 0) -> str:
+    if server == BASELINE:
+        return "naive FastAPI (baseline)"
+    return f"rnnserve --workers {workers}, {fmt}" if server == WORKERS else f"rnnserve, {fmt}"
 
 
-def _met(report: Report, w: str, fmt: Format) -> bool | None:
-    base, ours = report.cell(w, BASELINE), report.cell(w, RNNSERVE, fmt)
+def _ours(report: Report) -> list[tuple[ServerName, Format]]:
+    """rnnserve's configurations and formats in this report, in the tables' order."""
+    fmts: list[Format] = ["json", "binary"] if report.binary else ["json"]
+    servers: list[ServerName] = [RNNSERVE, WORKERS] if report.workers else [RNNSERVE]
+    return [(s, f) for s in servers for f in fmts]
+
+
+def _met(report: Report, w: str, fmt: Format, server: ServerName = RNNSERVE) -> bool | None:
+    base, ours = report.cell(w, BASELINE), report.cell(w, server, fmt)
     if base is None or ours is None or not base.rps > 0 or not base.p(99) > 0:
         return None
     speed = ours.rps / base.rps >= TARGET_SPEEDUP[w]
     return speed and ours.p(99) / base.p(99) <= TARGET_P99_RATIO
 
 
-def _ceilings(report: Report, fmt: Format) -> list[str]:
+def _ceilings(report: Report, fmt: Format, server: ServerName = RNNSERVE) -> list[str]:
     """For each target not met: the most requests/s the measured CPU costs allow here."""
     lines = []
     for w in ORDER:
-        base, ours = report.cell(w, BASELINE), report.cell(w, RNNSERVE, fmt)
-        if _met(report, w, fmt) is not False or base is None or ours is None:
+        base, ours = report.cell(w, BASELINE), report.cell(w, server, fmt)
+        if _met(report, w, fmt, server) is not False or base is None or ours is None:
             continue
-        server, client = ours.server_cpu_s, ours.client_cpu_s
-        if math.isnan(server) or server <= 0:
+        cpu, client = ours.server_cpu_s, ours.client_cpu_s
+        if math.isnan(cpu) or cpu <= 0:
             continue
         cores = os.cpu_count() or 1
-        one_core = 1 / server  # one process: its event loop parses and writes on one core
-        shared = cores / (server + client) if not math.isnan(client) else math.nan
+        shared = cores / (cpu + client) if not math.isnan(client) else math.nan
+        if server == WORKERS:
+            n = report.workers
+            lines.append(
+                f"- {WORKLOADS[w].describe()}, `--workers {n}`, {fmt}, not met: rnnserve's "
+                f"processes (supervisor, engine and {n} HTTP workers together) used "
+                f"{cpu * 1e3:.2f} ms of CPU per request and the load generator "
+                f"{client * 1e3:.2f} ms. Each worker runs its own event loop, so one loop's "
+                f"core does not cap it; server and load generator together cap it at "
+                f"{_num(shared, 0)} requests/s = {_num(shared / base.rps, 0)}× the baseline on "
+                f"this {cores}-core machine, against the {TARGET_SPEEDUP[w]:.0f}× target"
+                + (
+                    ": that CPU would allow the target, so it is not what held this row back."
+                    if shared / base.rps >= TARGET_SPEEDUP[w]
+                    else "."
+                )
+            )
+            continue
+        one_core = 1 / cpu  # one process: its event loop parses and writes on one core
         lines.append(
             f"- {WORKLOADS[w].describe()}, {fmt}, not met: rnnserve's process used "
-            f"{server * 1e3:.2f} ms of CPU per request and the load generator {client * 1e3:.2f} "
+            f"{cpu * 1e3:.2f} ms of CPU per request and the load generator {client * 1e3:.2f} "
             f"ms. One process runs its event loop (parsing and writing) on one core, which caps "
             f"it at {one_core:,.0f} requests/s = {one_core / base.rps:.0f}× the baseline; even "
             f"with the server spread over every core, server and load generator together would "
@@ -391,18 +461,19 @@ def _ceilings(report: Report, fmt: Format) -> list[str]:
     return lines
 
 
-def _target_rows(report: Report, fmt: Format) -> list[str]:
+def _target_rows(report: Report, fmt: Format, server: ServerName = RNNSERVE) -> list[str]:
     rows = []
+    how = f"`--workers {report.workers}`" if server == WORKERS else "default"
     for w in ORDER:
-        base, ours = report.cell(w, BASELINE), report.cell(w, RNNSERVE, fmt)
+        base, ours = report.cell(w, BASELINE), report.cell(w, server, fmt)
         if base is None or ours is None:
             continue
         speedup = ours.rps / base.rps if base.rps > 0 else math.nan
         p99_ratio = ours.p(99) / base.p(99) if base.p(99) > 0 else math.nan
         inverse = 1 / p99_ratio if p99_ratio > 0 else math.nan
-        met = "yes" if _met(report, w, fmt) else "no"
+        met = "yes" if _met(report, w, fmt, server) else "no"
         rows.append(
-            f"| {WORKLOADS[w].describe()} | {fmt} | **{_num(speedup)}×** | "
+            f"| {WORKLOADS[w].describe()} | {how} | {fmt} | **{_num(speedup)}×** | "
             f"≥ {TARGET_SPEEDUP[w]:.0f}× | **1/{_num(inverse)}** | ≤ 1/15 | {met} |"
         )
     return rows
@@ -410,6 +481,16 @@ def _target_rows(report: Report, fmt: Format) -> list[str]:
 
 def render(report: Report, plots: dict[str, str] | None = None) -> str:
     """The ``bench_load`` section; ``plots`` maps workload -> image path relative to the doc."""
+    workers = (
+        f"; the rows `rnnserve --workers {report.workers}` are rnnserve started with "
+        f"`--workers {report.workers}` (the rest default): a supervisor, one engine process "
+        f"that runs the models and {report.workers} uvicorn HTTP worker processes that parse "
+        "and answer, each with its own event loop"
+        if report.workers
+        else ""
+    )
+    n = report.workers
+    tree = f"; for `--workers {n}`: the supervisor, the engine and the {n} workers" if n else ""
     threads = (
         f"{report.baseline_threads} torch threads ({report.threads_how})"
         if report.baseline_threads is not None
@@ -426,15 +507,16 @@ def render(report: Report, plots: dict[str, str] | None = None) -> str:
         "are built before timing; latencies are of answered (200) requests. **The load "
         "generator (`bench/load.py`, asyncio + aiohttp) runs on the same cores as the server.** "
         "rnnserve runs with its default settings (dynamic batching, one torch thread in its "
-        "model worker). The baseline, `bench/naive_server.py`, is what one writes without "
-        "rnnserve: plain FastAPI, a pydantic body of `list[list[list[float]]]`, FastAPI's "
+        f"model worker){workers}. The baseline, `bench/naive_server.py`, is what one writes "
+        "without rnnserve: plain FastAPI, a pydantic body of `list[list[list[float]]]`, FastAPI's "
         "default JSON response, and the seeds' model code run per request and per sequence (a "
         "Python loop over steps for the smoother; `nn.LSTM` called once per step for the "
         f"Traveller) with rnnserve's weights, in FastAPI's thread pool with {threads}. Batch "
         "sizes are read from rnnserve's `/metrics` (the baseline has none).",
         "",
-        "Server CPU is the server process's own (every thread) per answered request, read from "
-        "`/proc`; the load generator's is this benchmark's process.",
+        "Server CPU is the server's whole process tree per answered request (every process and "
+        f"thread{tree}), read from `/proc` before and after each run; the load generator's is "
+        "this benchmark's process.",
         "",
         "| workload | server | requests/s | timesteps/s | p50 ms | p90 ms | p99 ms | errors "
         "| requests/batch | sequences/batch | server CPU ms/request | load generator CPU "
@@ -446,7 +528,7 @@ def render(report: Report, plots: dict[str, str] | None = None) -> str:
             continue
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(c.errors.items())) or "0"
         lines.append(
-            f"| {WORKLOADS[c.workload].describe()} | {_label(c.server, c.fmt)} | "
+            f"| {WORKLOADS[c.workload].describe()} | {_label(c.server, c.fmt, report.workers)} | "
             f"{_num(c.rps)} | {_num(c.steps_per_s, 0)} | {_ms(c.p(50))} | {_ms(c.p(90))} | "
             f"{_ms(c.p(99))} | {errors} | {_num(c.per_batch('requests'))} | "
             f"{_num(c.per_batch('sequences'))} | {_num(c.server_cpu_s * 1e3, 2)} | "
@@ -457,15 +539,15 @@ def render(report: Report, plots: dict[str, str] | None = None) -> str:
         "### Against the targets",
         "",
         "rnnserve's requests/s over the baseline's, and its p99 latency as a fraction of the "
-        "baseline's, under the same closed-loop load.",
+        "baseline's, under the same closed-loop load: a row per rnnserve configuration "
+        "(default: one process) and format.",
         "",
-        "| workload | rnnserve format | requests/s × baseline | target | p99 vs baseline | "
+        "| workload | rnnserve | format | requests/s × baseline | target | p99 vs baseline | "
         "target | met |",
-        "|---|---|---|---|---|---|---|",
-        *_target_rows(report, "json"),
-        *(_target_rows(report, "binary") if report.binary else []),
+        "|---|---|---|---|---|---|---|---|",
+        *(row for server, fmt in _ours(report) for row in _target_rows(report, fmt, server)),
     ]
-    ceilings = [*_ceilings(report, "json"), *(_ceilings(report, "binary") if report.binary else [])]
+    ceilings = [line for server, fmt in _ours(report) for line in _ceilings(report, fmt, server)]
     if ceilings:
         lines += ["", *ceilings]
     if not report.binary:
@@ -520,6 +602,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rnnserve-url", help="a running rnnserve to load instead of starting one")
     parser.add_argument("--baseline-url", help="a running naive baseline (with --rnnserve-url)")
     parser.add_argument(
+        "--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
+        help="also measure rnnserve started with --workers N (N >= 2; 0: not; default: "
+        f"{DEFAULT_WORKERS}, i.e. 2 where the machine has 2 CPUs or more)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rnnserve-workers-url",
+        help="a running rnnserve --workers N (N: --workers) for those rows; with --rnnserve-url",
+    )
+    parser.add_argument(
         "--baseline-torch-threads", type=int, default=None,
         help="torch threads of the baseline it starts (default: torch's own choice)",
     )  # fmt: skip
@@ -528,16 +619,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.rnnserve_url is None) != (args.baseline_url is None):
         parser.error("--rnnserve-url and --baseline-url go together")
+    if args.workers == 1 or args.workers < 0:
+        parser.error("--workers: 0 (no such rows) or at least 2 (the default rows are 1 process)")
+    if args.rnnserve_workers_url is not None and (args.rnnserve_url is None or not args.workers):
+        parser.error("--rnnserve-workers-url goes with --rnnserve-url and --workers N >= 2")
     urls: dict[ServerName, str] | None = (
         {RNNSERVE: args.rnnserve_url, BASELINE: args.baseline_url} if args.rnnserve_url else None
     )
+    if urls is not None and args.rnnserve_workers_url is not None:
+        urls[WORKERS] = args.rnnserve_workers_url
     seconds = args.seconds if args.seconds is not None else (1.0 if args.quick else 15.0)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 2)
     clients = args.clients if args.clients is not None else (8 if args.quick else CLIENTS)
     report = run(
         quick=args.quick, seconds=seconds, repeats=repeats, clients=clients,
         binary=args.binary, workloads=args.workloads, warmup_s=0.5 if args.quick else 1.0,
-        urls=urls, baseline_threads=args.baseline_torch_threads,
+        urls=urls, baseline_threads=args.baseline_torch_threads, workers=args.workers,
     )  # fmt: skip
     if args.sweep:
         data = sweep(seconds=seconds, clients=clients, binary=args.binary,

@@ -24,7 +24,14 @@ class Server:
         self.proc, self.url, self.log = proc, url, log
 
 
-def start_server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+def start_server(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, ready_timeout_s: float = 60.0
+) -> Server:
+    """``rnnserve --port <free port> *args`` in ``tmp_path``, once its ``/readyz`` answers 200.
+
+    ``env`` adds to the caller's environment without its ``RNNSERVE_*`` variables. Raises if it
+    exits first or is not ready within ``ready_timeout_s`` (then killed).
+    """
     port = free_port()
     exe = Path(sys.executable).with_name("rnnserve")
     log = tmp_path / f"rnnserve-{port}.log"
@@ -40,7 +47,7 @@ def start_server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) 
         cwd=tmp_path,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"rnnserve exited early:\n{log.read_text()}")

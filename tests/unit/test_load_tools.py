@@ -333,7 +333,33 @@ def test_bench_load_runs_against_real_servers(naive_process: Server, tmp_path: P
     assert "kept" in text
     assert text.count(bench_load.BEGIN) == text.count(bench_load.END) == 1
     assert "did not answer the binary format" in text
-    assert "| `/smooth`, one sequence of 50–500 steps × 16 | json | **" in text
+    assert "| `/smooth`, one sequence of 50–500 steps × 16 | default | json | **" in text
+    assert "--workers" not in text  # none measured: no such rows, no such method text
+
+
+def test_bench_load_measures_a_running_workers_server(naive_process: Server) -> None:
+    """The "workers" rows' plumbing (the naive server stands in for rnnserve --workers 2 too)."""
+    url = naive_process.url
+    report = bench_load.run(
+        quick=True, seconds=0.2, repeats=1, clients=2, workloads=["smooth"], warmup_s=0.1,
+        urls={"rnnserve": url, "baseline": url, "workers": url}, workers=2,
+    )  # fmt: skip
+    assert report.workers == 2
+    assert [(c.server, c.fmt, len(c.runs)) for c in report.cells] == [
+        ("baseline", "json", 1),
+        ("rnnserve", "json", 1),
+        ("workers", "json", 1),
+    ]
+    assert all(c.rps > 0 and not c.errors for c in report.cells)
+    assert all(math.isnan(c.server_cpu_s) for c in report.cells)  # not started here: no pid
+    text = bench_load.render(report)
+    assert "| rnnserve --workers 2, json | " in text
+    assert "| `/smooth`, one sequence of 50–500 steps × 16 | `--workers 2` | json | **" in text
+    with pytest.raises(ValueError, match="workers >= 2"):
+        bench_load.run(
+            quick=True, seconds=0.1, repeats=1, clients=1, workloads=["smooth"],
+            urls={"rnnserve": url, "baseline": url, "workers": url}, workers=0,
+        )  # fmt: skip
 
 
 # -- the report --------------------------------------------------------------------------------
