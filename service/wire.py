@@ -45,8 +45,9 @@ _MAX_B10 = 308  # a number that may reach 10**309 is left to the precise path
 
 # scan() result slots
 _OK, _N_SEQ, _TOTAL, _WIDTH, _VAL_START, _MODEL, _MODEL_START, _MODEL_END = range(8)
-_N_LONG, _TOO_LONG_AT, _TOO_LONG_LEN = range(8, 11)
-_N_SLOTS = 11
+_N_SLOW, _FIRST_INF, _TOO_LONG_AT, _TOO_LONG_LEN = range(8, 12)
+_N_SLOTS = 12
+_SHORT_OF_ROOM = -2  # _read_field: more numbers for float() than the slow table holds
 
 _WS = (0x20, 0x09, 0x0A, 0x0D)
 
@@ -151,13 +152,31 @@ def _scan_string(buf: Any, pos: int) -> int:
     return -1
 
 
-def _scan_field(buf: Any, pos: int, max_len: int, out: Any) -> int:
-    """Check ``[[[num, ...], ...], ...]`` at ``pos``; fill the counts in ``out``; end or -1."""
+def _read_field(
+    buf: Any, pos: int, max_len: int, out: Any, data: Any, lengths: Any, slow: Any,
+    p5_hi: Any, p5_lo: Any, pow10: Any,
+) -> int:  # fmt: skip
+    """Check ``[[[num, ...], ...], ...]`` at ``pos`` and read it in the same pass: numbers into
+    ``data`` (float32, flat; at most its length, which the caller sizes from the body), each
+    sequence's length into ``lengths`` (as many as fit: more are only counted, for the limit's
+    error), counts into ``out``. The end, or -1 (not the happy path: the precise parser says
+    why), or ``_SHORT_OF_ROOM`` (``slow`` cannot hold every number left to ``float()``).
+
+    A number is valid JSON (no leading zeros, digits after a point and in an exponent) and
+    within float64's range; up to 18 digits with a small power of ten it is read exactly here
+    (Clinger), else by :func:`_parse_number` (Eisel-Lemire), or recorded in ``slow`` as
+    (index, start, end) for ``float()`` when that cannot decide.
+    """
     n = buf.shape[0]
+    cap = data.shape[0]
+    bits = np.zeros(1, np.uint64)
+    as_float = bits.view(np.float64)
     width = -1
     n_seq = 0
     total = 0
-    n_long = 0
+    k = 0
+    n_slow = 0
+    first_inf = -1
     if pos >= n or buf[pos] != 0x5B:
         return -1
     pos = _skip_ws(buf, pos + 1)
@@ -172,13 +191,88 @@ def _scan_field(buf: Any, pos: int, max_len: int, out: Any) -> int:
             pos = _skip_ws(buf, pos + 1)
             count = 0
             while True:  # numbers
-                end, digits, bound = _check_number(buf, pos)
-                if end < 0 or bound > _MAX_B10:
+                if pos >= n or k >= cap:
                     return -1
-                if digits > 19:
-                    n_long += 1
+                start = pos
+                neg = buf[pos] == 0x2D  # '-'
+                if neg:
+                    pos += 1
+                    if pos >= n:
+                        return -1
+                c = buf[pos]
+                m = 0
+                int_digits = 0
+                if c == 0x30:  # '0': no more integer digits may follow
+                    pos += 1
+                elif 0x31 <= c <= 0x39:
+                    while pos < n and 0x30 <= buf[pos] <= 0x39:
+                        m = m * 10 + (buf[pos] - 0x30)
+                        int_digits += 1
+                        pos += 1
+                else:
+                    return -1
+                digits = int_digits
+                frac = 0
+                is_int = True
+                if pos < n and buf[pos] == 0x2E:  # '.'
+                    is_int = False
+                    pos += 1
+                    frac_start = pos
+                    while pos < n and 0x30 <= buf[pos] <= 0x39:
+                        m = m * 10 + (buf[pos] - 0x30)
+                        pos += 1
+                    frac = pos - frac_start
+                    if frac == 0:
+                        return -1
+                    digits += frac
+                exp = 0
+                if pos < n and (buf[pos] == 0x65 or buf[pos] == 0x45):  # 'e' 'E'
+                    is_int = False
+                    pos += 1
+                    eneg = False
+                    if pos < n and (buf[pos] == 0x2B or buf[pos] == 0x2D):
+                        eneg = buf[pos] == 0x2D
+                        pos += 1
+                    exp_start = pos
+                    while pos < n and 0x30 <= buf[pos] <= 0x39:
+                        if exp < _MAX_EXP:
+                            exp = exp * 10 + (buf[pos] - 0x30)
+                        pos += 1
+                    if pos == exp_start:
+                        return -1
+                    if eneg:
+                        exp = -exp
+                # |x| < 10**bound; m holds the digits only while there are at most 18
+                bound = int_digits + exp if int_digits > 0 else exp
+                if bound > _MAX_B10:
+                    return -1
+                q = exp - frac
+                exact = True
+                if digits <= 18 and m <= 9007199254740992 and -22 <= q <= 22:  # Clinger
+                    if m == 0:  # an integer literal is an int to the precise path: -0 is 0
+                        value = -0.0 if neg and not is_int else 0.0
+                    else:
+                        value = float(m)
+                        value = value * pow10[q] if q >= 0 else value / pow10[-q]
+                        if neg:
+                            value = -value
+                else:
+                    _, value, exact = _parse_number(buf, start, p5_hi, p5_lo, pow10, bits, as_float)
+                if exact:
+                    v32 = np.float32(value)
+                    data[k] = v32
+                    if first_inf < 0 and np.isinf(v32):
+                        first_inf = k
+                else:
+                    if n_slow >= slow.shape[0]:
+                        return _SHORT_OF_ROOM
+                    slow[n_slow, 0] = k
+                    slow[n_slow, 1] = start
+                    slow[n_slow, 2] = pos
+                    n_slow += 1
+                k += 1
                 count += 1
-                pos = _skip_ws(buf, end)
+                pos = _skip_ws(buf, pos)
                 if pos >= n:
                     return -1
                 if buf[pos] == 0x2C:
@@ -206,6 +300,8 @@ def _scan_field(buf: Any, pos: int, max_len: int, out: Any) -> int:
         if steps > max_len and out[_TOO_LONG_AT] < 0:
             out[_TOO_LONG_AT] = n_seq
             out[_TOO_LONG_LEN] = steps
+        if n_seq < lengths.shape[0]:
+            lengths[n_seq] = steps
         n_seq += 1
         total += steps
         pos = _skip_ws(buf, pos)
@@ -221,12 +317,18 @@ def _scan_field(buf: Any, pos: int, max_len: int, out: Any) -> int:
     out[_N_SEQ] = n_seq
     out[_TOTAL] = total
     out[_WIDTH] = width
-    out[_N_LONG] = n_long
+    out[_N_SLOW] = n_slow
+    out[_FIRST_INF] = first_inf
     return pos
 
 
-def _scan(buf: Any, field: Any, max_len: int, out: Any) -> None:
-    """Pass 1: is the body on the happy path? Counts and positions go to ``out``."""
+def _scan(
+    buf: Any, field: Any, max_len: int, out: Any, data: Any, lengths: Any, slow: Any,
+    p5_hi: Any, p5_lo: Any, pow10: Any,
+) -> None:  # fmt: skip
+    """One pass over the body: is it on the happy path? The field's numbers go to ``data``
+    (see :func:`_read_field`), counts and positions to ``out``; ``out[_OK]`` is 1 if it is,
+    0 if not, ``_SHORT_OF_ROOM`` if ``slow`` was too small."""
     for i in range(out.shape[0]):
         out[i] = 0
     out[_TOO_LONG_AT] = -1
@@ -265,7 +367,10 @@ def _scan(buf: Any, field: Any, max_len: int, out: Any) -> None:
         if is_field and not seen_field:
             seen_field = True
             out[_VAL_START] = pos
-            pos = _scan_field(buf, pos, max_len, out)
+            pos = _read_field(buf, pos, max_len, out, data, lengths, slow, p5_hi, p5_lo, pow10)
+            if pos == _SHORT_OF_ROOM:
+                out[_OK] = _SHORT_OF_ROOM
+                return
             if pos < 0:
                 return
         elif is_model and not seen_model:
@@ -448,113 +553,6 @@ def _parse_number(
     return pos, (-value if neg else value), True
 
 
-def _fill(
-    buf: Any,
-    pos: int,
-    data: Any,
-    lengths: Any,
-    slow: Any,
-    p5_hi: Any,
-    p5_lo: Any,
-    pow10: Any,
-) -> tuple[int, int]:
-    """Pass 2 over a field that pass 1 accepted: numbers into ``data`` (float32, flat).
-
-    Returns (numbers left for ``float()``, recorded in ``slow`` as (index, start, end); or
-    -1 when more than fit) and the first index whose float32 is infinite (-1 if none).
-    """
-    bits = np.zeros(1, np.uint64)
-    as_float = bits.view(np.float64)
-    depth = 0
-    k = 0
-    seq = -1
-    steps = 0
-    n_slow = 0
-    first_inf = -1
-    while True:
-        c = buf[pos]
-        if c == 0x5B:
-            depth += 1
-            if depth == 2:
-                seq += 1
-                steps = 0
-            pos += 1
-        elif c == 0x5D:
-            if depth == 3:
-                steps += 1
-            elif depth == 2:
-                lengths[seq] = steps
-            depth -= 1
-            pos += 1
-            if depth == 0:
-                break
-        elif c == 0x2D or 0x30 <= c <= 0x39:
-            # the common case inline: <= 18 digits, Clinger's exact fast path
-            start = pos
-            neg = c == 0x2D
-            if neg:
-                pos += 1
-            m = 0
-            digits = 0
-            frac = 0
-            is_int = True
-            while 0x30 <= buf[pos] <= 0x39:  # a number never ends the body
-                m = m * 10 + (buf[pos] - 0x30)
-                digits += 1
-                pos += 1
-            if buf[pos] == 0x2E:
-                is_int = False
-                pos += 1
-                while 0x30 <= buf[pos] <= 0x39:
-                    m = m * 10 + (buf[pos] - 0x30)
-                    digits += 1
-                    frac += 1
-                    pos += 1
-            exp = 0
-            if buf[pos] == 0x65 or buf[pos] == 0x45:
-                is_int = False
-                pos += 1
-                eneg = buf[pos] == 0x2D
-                if eneg or buf[pos] == 0x2B:
-                    pos += 1
-                while 0x30 <= buf[pos] <= 0x39:
-                    if exp < _MAX_EXP:
-                        exp = exp * 10 + (buf[pos] - 0x30)
-                    pos += 1
-                if eneg:
-                    exp = -exp
-            q = exp - frac
-            end = pos
-            if digits <= 18 and m <= 9007199254740992 and -22 <= q <= 22:
-                exact = True
-                if m == 0:  # an integer literal is an int to the precise path: -0 is 0
-                    value = -0.0 if neg and not is_int else 0.0
-                else:
-                    value = float(m)
-                    value = value * pow10[q] if q >= 0 else value / pow10[-q]
-                    if neg:
-                        value = -value
-            else:
-                end, value, exact = _parse_number(buf, start, p5_hi, p5_lo, pow10, bits, as_float)
-            if exact:
-                v32 = np.float32(value)
-                data[k] = v32
-                if first_inf < 0 and np.isinf(v32):
-                    first_inf = k
-            else:
-                if n_slow >= slow.shape[0]:
-                    return -1, first_inf
-                slow[n_slow, 0] = k
-                slow[n_slow, 1] = start
-                slow[n_slow, 2] = end
-                n_slow += 1
-            k += 1
-            pos = end
-        else:
-            pos += 1
-    return n_slow, first_inf
-
-
 def _jit(fn: Any, **options: Any) -> Any:
     """Compile with numba, cached on disk where a cache folder is writable (else in memory)."""
     try:
@@ -586,12 +584,11 @@ _is_ws = _jit(_is_ws, inline="always")
 _skip_ws = _jit(_skip_ws)
 _check_number = _jit(_check_number)
 _scan_string = _jit(_scan_string)
-_scan_field = _jit(_scan_field)
+_read_field = _jit(_read_field)
 _scan = _jit(_scan)
 _mul128 = _jit(_mul128)
 _eisel_lemire = _jit(_eisel_lemire)
 _parse_number = _jit(_parse_number)
-_fill = _jit(_fill)
 
 
 def parse_float(text: bytes) -> float:
@@ -671,8 +668,20 @@ def wants_safetensors(accept: str | None) -> bool:
 def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
     buf = np.frombuffer(body, np.uint8)
     info = np.zeros(_N_SLOTS, np.int64)
-    _scan(buf, np.frombuffer(field.encode(), np.uint8), limits.max_sequence_length, info)
-    if not info[_OK]:
+    key = np.frombuffer(field.encode(), np.uint8)
+    # room for every number the body could hold (each takes a digit and a separator); the
+    # pages never written are never touched, and what was read is copied out below
+    data = np.empty(len(body) // 2 + 1, np.float32)
+    lengths = np.empty(min(len(body) // 6 + 1, limits.max_sequences + 1), np.int64)
+    room = 64  # numbers left to float(): more than 18 digits, or too close to call
+    while True:
+        slow = np.empty((room, 3), np.int64)
+        _scan(buf, key, limits.max_sequence_length, info, data, lengths, slow, _P5_HI, _P5_LO,
+              _POW10)  # fmt: skip
+        if info[_OK] != _SHORT_OF_ROOM:
+            break
+        room = len(data)  # runs again, with room for every number (rare: crafted bodies)
+    if info[_OK] != 1:
         return None
     model: str | None = None
     if info[_MODEL]:
@@ -681,30 +690,21 @@ def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
         except UnicodeDecodeError:
             return None
     n_seq, total, width = int(info[_N_SEQ]), int(info[_TOTAL]), int(info[_WIDTH])
+    first_inf = int(info[_FIRST_INF])
+    for k, start, end in slow[: info[_N_SLOW]].tolist():
+        with np.errstate(over="ignore"):
+            v32 = np.float32(float(body[start:end]))
+        data[k] = v32
+        if np.isinf(v32) and (first_inf < 0 or k < first_inf):
+            first_inf = k
 
     def finish(input_dim: int, name: str, check_finite: bool) -> FlatSequences:
-        del check_finite  # the scanner refuses NaN and Infinity; _fill finds float32 overflow
+        del check_finite  # the scanner refuses NaN and Infinity, and found float32 overflow
         too_long = (int(info[_TOO_LONG_AT]), int(info[_TOO_LONG_LEN]))
         _check_limits(n_seq, too_long, total, field, limits)
         if width != input_dim:  # the precise path reports the first step: every step has it
             raise _width_error(width, field, input_dim, name)
-        data = np.empty(total * width, np.float32)
-        lengths = np.empty(n_seq, np.int64)
-        n_slow = -1
-        room = int(info[_N_LONG]) + 16  # long numbers, and a few too close to call
-        while n_slow < 0:  # runs again (with room for every number) only if that was short
-            slow = np.empty((room, 3), np.int64)
-            n_slow, first_inf = _fill(
-                buf, int(info[_VAL_START]), data, lengths, slow, _P5_HI, _P5_LO, _POW10
-            )
-            room = total * width
-        for k, start, end in slow[:n_slow].tolist():
-            with np.errstate(over="ignore"):
-                v32 = np.float32(float(body[start:end]))
-            data[k] = v32
-            if np.isinf(v32) and (first_inf < 0 or k < first_inf):
-                first_inf = k
-        out = FlatSequences(data.reshape(total, width), lengths)
+        out = FlatSequences(data[: total * width].reshape(total, width).copy(), lengths[:n_seq])
         if first_inf >= 0:  # finite in JSON (float64) but out of float32's range
             raise _value_error(out, first_inf, field, "value is outside float32's range")
         return out

@@ -327,26 +327,32 @@ def test_non_finite_error_without_a_place_says_which_field() -> None:
     )  # fmt: skip
 
 
-def test_json_fill_runs_again_with_room_for_every_number(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the first pass has room for the long numbers and 16 more; if that is short (_fill says
-    # -1), it runs again with room for every number
-    real, rooms = wire._fill, []
+def test_json_runs_again_with_room_for_every_slow_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    # numbers of more than 19 significant digits are left to float(); the first pass has room
+    # for 64 of them; with more it stops short and runs again with room for every number
+    real, rooms = wire._scan, []
 
-    def short_once(buf: Any, pos: int, data: Any, lengths: Any, slow: Any, *rest: Any) -> Any:
-        rooms.append(len(slow))
-        if len(rooms) == 1:
-            return -1, -1
-        return real(buf, pos, data, lengths, slow, *rest)
+    def recording(buf: Any, key: Any, max_len: int, out: Any, data: Any, lengths: Any,
+                  slow: Any, *rest: Any) -> None:  # fmt: skip
+        rooms.append((len(slow), int(out[wire._OK])))
+        real(buf, key, max_len, out, data, lengths, slow, *rest)
+        rooms[-1] = (len(slow), int(out[wire._OK]))
 
-    monkeypatch.setattr(wire, "_fill", short_once)
-    long = "0." + "1" * 25  # more than 19 significant digits: parsed by float() afterwards
-    body = f'{{"sequences": [[[1.5, {long}], [3, 4]], [[5, 6]]]}}'.encode()
+    monkeypatch.setattr(wire, "_scan", recording)
+    longs = [f"0.{i:03d}" + "1" * 22 for i in range(70)]  # 70 numbers of 25 digits
+    rows = ", ".join(f"[1.5, {x}]" for x in longs)
+    body = f'{{"sequences": [[{rows}], [[5, 6]]]}}'.encode()
     decoded = wire.decode(body, None, "sequences", LIMITS)
     assert decoded is not None
     seqs = decoded.sequences(2, "m")
-    assert seqs.data.tolist() == np.array([[1.5, float(long)], [3, 4], [5, 6]], np.float32).tolist()
-    assert seqs.lengths.tolist() == [2, 1]
-    assert rooms == [1 + 16, 3 * 2]
+    want = [[1.5, float(x)] for x in longs] + [[5, 6]]
+    assert seqs.data.tolist() == np.array(want, np.float32).tolist()
+    assert seqs.lengths.tolist() == [70, 1]
+    assert rooms == [(64, wire._SHORT_OF_ROOM), (len(body) // 2 + 1, 1)]
+    rooms.clear()
+    few = f'{{"sequences": [[{", ".join(f"[1.5, {x}]" for x in longs[:64])}]]}}'.encode()
+    assert wire.decode(few, None, "sequences", LIMITS) is not None
+    assert rooms == [(64, 1)]  # 64 fit: one pass
 
 
 def test_a_long_json_number_past_float32_is_refused_without_a_warning() -> None:
