@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.nn.utils.rnn import pack_sequence
 
 import models.kernels.rollout_cpu as rollout_cpu
 import models.traveller as traveller
@@ -253,3 +254,51 @@ def test_stepwise_with_dropout_in_eval_is_the_fused_rollout() -> None:
     assert calls == [6]
     torch.testing.assert_close(model(u), model._stepwise(u), atol=1e-12, rtol=0)
     torch.testing.assert_close(model(u), reference(model, u[:, 0]), atol=1e-12, rtol=0)
+
+
+def test_a_state_continues_sequences_packed_without_indices() -> None:
+    """``pack_sequence(enforce_sorted=True)`` leaves ``sorted_indices`` None: the state is used
+    as it is, row ``i`` for sequence ``i``."""
+    model = bent_model(num_inputs=2, hidden=4, layers=2, seed=8)
+    gen = torch.Generator().manual_seed(8)
+    seqs = [torch.randn(n, 2, generator=gen, dtype=torch.float64) for n in (6, 4, 3)]
+    with torch.inference_mode():
+        _, mid = model.rollout_with_state(pack([u[:2] for u in seqs]))
+        tails = pack_sequence([u[2:] for u in seqs], enforce_sorted=True)
+        assert tails.sorted_indices is None
+        out, end = model.rollout_with_state(tails, mid)
+        for i, u in enumerate(seqs):
+            alone, alone_end = model.rollout_with_state(pack([u]))
+            torch.testing.assert_close(unpack(out)[i], alone.data[2:], atol=1e-12, rtol=0)
+            torch.testing.assert_close(end.h[:, i], alone_end.h[:, 0], atol=1e-12, rtol=0)
+            torch.testing.assert_close(end.p[i], alone_end.p[0], atol=1e-12, rtol=0)
+
+
+def test_dropout_reaches_the_lstm() -> None:
+    assert Traveller(2, 4, 2, dropout=0.25).lstm_layers.dropout == 0.25
+
+
+def test_a_frozen_model_gives_gradients_for_its_inputs() -> None:
+    """Frozen weights are cached; the cache must hold plain tensors (not inference tensors),
+    which autograd can save when the inputs need a gradient."""
+    model = bent_model(num_inputs=2, hidden=4, layers=2, seed=9)
+    twin = bent_model(num_inputs=2, hidden=4, layers=2, seed=9)
+    model.requires_grad_(False)
+    u = torch.randn(5, 2, dtype=torch.float64, requires_grad=True)
+    model.rollout(pack([u])).data.sum().backward()
+    u2 = u.detach().clone().requires_grad_()
+    twin.rollout(pack([u2])).data.sum().backward()
+    assert u.grad is not None
+    assert u2.grad is not None
+    torch.testing.assert_close(u.grad, u2.grad, atol=1e-12, rtol=0)
+
+
+def test_rollout_keeps_every_index_of_the_packed_inputs() -> None:
+    model = bent_model(num_inputs=2, hidden=4, layers=1, seed=10)
+    packed = pack([torch.randn(2, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)])
+    with torch.inference_mode():
+        out, _ = model.rollout_with_state(packed)
+    assert packed.sorted_indices is not None
+    assert out.sorted_indices is not None
+    assert torch.equal(out.sorted_indices, packed.sorted_indices)
+    assert torch.equal(out.batch_sizes, packed.batch_sizes)
