@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -147,3 +148,110 @@ def test_compile_for_compiles_without_running_anything_visible() -> None:
     u, sizes = inputs([2])
     got = run(u, sizes, *weights(layers=1))
     torch.testing.assert_close(got[0], rollout_packed(u, sizes, *weights(layers=1))[0])
+
+
+# ------------------------------------------------------------------ models/kernels/smoother_cpu.py
+
+smoother_cpu = pytest.importorskip("models.kernels.smoother_cpu")
+
+
+def flat_rows(dtype: type, lengths: list[int], feat: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(sum(lengths))
+    return rng.standard_normal((sum(lengths), feat)).astype(dtype)
+
+
+def test_without_numba_the_numba_kernels_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(smoother_cpu, "_HAVE_NUMBA", False)
+    assert smoother_cpu.numba_available() is False
+    x = torch.zeros(2, 3)
+    ones = torch.ones(3)
+    assert refusal(
+        RuntimeError, lambda: smoother_cpu.ema_packed_numba(x, torch.tensor([2]), ones)
+    ) == ("numba is not installed")
+    assert refusal(
+        RuntimeError,
+        lambda: smoother_cpu.smooth_flat_numba(x.numpy(), np.array([2]), ones, ones),
+    ) == ("numba is not installed")
+
+
+def test_smooth_flat_float32_state_is_the_float32_recurrence_exactly() -> None:
+    """In float32 every step is float32 arithmetic: ``s = alpha * s + (1 - alpha) * x``."""
+    lengths = [7, 1, 12]
+    x = flat_rows(np.float32, lengths)
+    alpha = torch.tensor([0.1, 0.55, 0.93])
+    _, last, _ = smoother_cpu.smooth_flat_numba(x, np.array(lengths), alpha, torch.ones(3))
+    a = alpha.numpy()
+    take = np.float32(1) - a
+    row = 0
+    for j, n in enumerate(lengths):
+        s = x[row].copy()
+        for r in range(row + 1, row + n):
+            s = a * s + take * x[r]
+        assert s.dtype == np.float32
+        np.testing.assert_array_equal(last[j], s)
+        row += n
+
+
+@pytest.mark.parametrize(
+    ("rows", "params"), [(np.float32, torch.float64), (np.float64, torch.float32)]
+)
+def test_smooth_flat_casts_the_parameters_to_the_rows(rows: type, params: torch.dtype) -> None:
+    lengths = [5, 3]
+    x = flat_rows(rows, lengths)
+    n = np.array(lengths)
+    alpha = torch.tensor([0.1, 0.55, 0.93], dtype=params)
+    wx = torch.tensor([0.3, -1.1, 2.0], dtype=params)
+    as_rows = torch.float64 if rows is np.float64 else torch.float32
+    got = smoother_cpu.smooth_flat_numba(x, n, alpha, wx)
+    want = smoother_cpu.smooth_flat_numba(x, n, alpha.to(as_rows), wx.to(as_rows))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    out, last, finite = got
+    assert out.dtype == last.dtype == rows
+    assert finite.dtype == np.bool_
+    assert finite.tolist() == [True, True]
+
+
+def test_smooth_flat_takes_lengths_of_any_number_type() -> None:
+    lengths = [4, 2]
+    x = flat_rows(np.float64, lengths)
+    alpha, wx = torch.tensor([0.2, 0.5, 0.8]), torch.ones(3)
+    want = smoother_cpu.smooth_flat_numba(x, np.array(lengths), alpha, wx)
+    got = smoother_cpu.smooth_flat_numba(x, np.array(lengths, dtype=np.float64), alpha, wx)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_smooth_flat_refuses_rows_or_lengths_of_the_wrong_rank() -> None:
+    alpha, wx = torch.ones(3), torch.ones(3)
+    for x, n in (
+        (np.zeros(3, np.float32), np.array([3])),  # rows not 2-D
+        (np.zeros((3, 3), np.float32), np.array([[3]])),  # lengths not 1-D
+    ):
+        message = refusal(
+            ValueError, lambda x=x, n=n: smoother_cpu.smooth_flat_numba(x, n, alpha, wx)
+        )
+        assert message.startswith("need [sum lengths, F] rows and lengths >= 1, got ")
+
+
+def test_ema_packed_numba_refuses_rows_off_the_cpu() -> None:
+    x = torch.zeros(2, 3, device="meta")  # stands in for a GPU
+    call = lambda: smoother_cpu.ema_packed_numba(x, torch.tensor([2]), torch.ones(3))  # noqa: E731
+    assert refusal(ValueError, call) == "the numba kernel runs on CPU tensors, got meta"
+
+
+def test_ema_packed_numba_casts_alpha_to_the_rows() -> None:
+    packed = pack([torch.randn(6, 3), torch.randn(4, 3)])
+    alpha = torch.tensor([0.1, 0.55, 0.93], dtype=torch.float64)
+    got = smoother_cpu.ema_packed_numba(packed.data, packed.batch_sizes, alpha)
+    want = smoother_cpu.ema_packed_numba(packed.data, packed.batch_sizes, alpha.float())
+    assert got.dtype == torch.float32
+    assert torch.equal(got, want)
+    # a float64 state is rounded to float32 first: 500 first steps, where it shows
+    many = pack([torch.randn(1, 3) for _ in range(500)])
+    init = torch.randn(500, 3, dtype=torch.float64)
+    got = smoother_cpu.ema_packed_numba(many.data, many.batch_sizes, alpha, init)
+    want = smoother_cpu.ema_packed_numba(many.data, many.batch_sizes, alpha, init.float())
+    assert got.dtype == torch.float32
+    assert torch.equal(got, want)
