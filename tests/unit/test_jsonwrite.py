@@ -1,0 +1,185 @@
+"""service.jsonwrite writes the bytes orjson writes for the same response, byte for byte.
+
+Every test compares with the call service.wire.encode makes (orjson, OPT_SERIALIZE_NUMPY, on
+the FlatSequences' per-sequence views). The exhaustive check over all 2**32 float32 bit
+patterns is scripts/check_jsonwrite.py (minutes); these are the fast ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from models.packing import FlatSequences
+from service.jsonwrite import floats_json, sequences_json
+
+
+def reference(model: str, field: str, data: np.ndarray, lengths: np.ndarray) -> bytes:
+    seqs = FlatSequences(data, np.asarray(lengths, dtype=np.int64))
+    return orjson.dumps({"model": model, field: list(seqs)}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def check(data: np.ndarray, lengths: list[int] | np.ndarray, model: str = "m",
+          field: str = "sequences") -> bytes:  # fmt: skip
+    lengths = np.asarray(lengths, dtype=np.int64)
+    got = sequences_json(model, field, data, lengths)
+    assert isinstance(got, bytes)
+    want = reference(model, field, data, lengths)
+    assert got == want
+    return got
+
+
+def f32_bits(*bits: int) -> np.ndarray:
+    return np.array(bits, dtype=np.uint32).view(np.float32)
+
+
+EDGES = np.concatenate(
+    [
+        np.array(
+            [
+                0.0, -0.0, 1.0, -1.0, 0.1, -0.1, 0.2, 0.3, 1 / 3, 2 / 3, 0.5, 0.25, 0.125,
+                1e-7, 1.5e-7, 9.99e-7, 1e-6, 1.0000001e-6, 9.9999994e-7, 1e-5, 1e-4, 1e-3,
+                0.001234, 0.999, 0.99999994, 1.0000001, 1.5, 12.34, 100.0, 123456.7,
+                1234567.9, 16777216.0, 16777217.0, 1e7, 1.2345678e7, 1e8, 123456789.0, 1e9,
+                1e10, 1e11, 1e12, 9.999e12, 1e13, 1.5e13, 1.2345e13, 1e15, 1e16, 2.0**60,
+                2.0**64, 1e20, 1e30, 1.1e38, 3.4028235e38, -3.4028235e38, 1.17549435e-38,
+                5.877472e-39, 6e-39, 1e-40, 1e-44, 1.4e-45, 1e-10, 1e-20, -1.5e-20,
+                np.pi, np.e, 0.7615942, -0.9640276,
+            ],
+            dtype=np.float32,
+        ),
+        [np.float32(10.0) ** np.float32(p) for p in range(-45, 39)],
+        # subnormals, the normal boundary, powers of two, the largest finite value
+        f32_bits(1, 2, 3, 0x7FFFFF, 0x800000, 0x800001, 0x80000001, 0x807FFFFF, 0x7F7FFFFF),
+        f32_bits(*(e << 23 for e in range(1, 255))),
+        f32_bits(*((e << 23) | 0x7FFFFF for e in range(0, 255))),
+        f32_bits(*((e << 23) | 1 for e in range(0, 255))),
+    ]
+).astype(np.float32)  # fmt: skip
+
+
+def test_edge_values_one_per_row() -> None:
+    check(EDGES.reshape(-1, 1), [len(EDGES)])
+    check(-EDGES.reshape(-1, 1), [len(EDGES)])
+
+
+def test_edge_values_as_a_flat_list() -> None:
+    for values in (EDGES, -EDGES):
+        assert floats_json(values) == orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def test_float_text_examples() -> None:
+    # what orjson 3.13 writes for a numpy float32: Ryu's shortest digits, plain decimals for a
+    # leading-digit exponent in [-6, 12], "e+" / "e-" otherwise
+    assert floats_json(np.array([0.1, 1e-7, 1e-6, 1e12, 1e13], np.float32)) == (
+        b"[0.1,1e-7,0.000001,1000000000000.0,1e+13]"
+    )
+    assert floats_json(np.array([1 / 3, -0.0, 3.4028235e38, 1.4e-45], np.float32)) == (
+        b"[0.33333334,-0.0,3.4028235e+38,1e-45]"
+    )
+
+
+def test_non_finite_values_are_null() -> None:
+    data = np.array([[np.nan, np.inf], [-np.inf, 1.0]], np.float32)
+    assert check(data, [2]) == b'{"model":"m","sequences":[[[null,null],[null,1.0]]]}'
+    check(f32_bits(0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF).reshape(2, 2), [1, 1])
+
+
+def test_typical_response() -> None:
+    rng = np.random.default_rng(0)
+    data = np.tanh(rng.uniform(-1, 1, (280, 16))).astype(np.float32)
+    check(data, [280])
+    check(data, [100, 1, 179], model="lstm-small", field="positions")
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 16])
+def test_shapes_and_lengths(width: int) -> None:
+    rng = np.random.default_rng(width)
+    data = rng.standard_normal((12, width)).astype(np.float32)
+    for lengths in ([12], [1] * 12, [5, 7], [3, 0, 9], [0, 12], [12, 0]):
+        check(data, lengths)
+    check(np.empty((0, width), np.float32), [])
+    check(np.empty((0, width), np.float32), [0])
+
+
+def test_zero_width_rows() -> None:
+    check(np.empty((3, 0), np.float32), [2, 1])
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["", "gru", 'quo"te', "back\\slash", "tab\there", "new\nline", "\x00\x1f\x7f",
+     "ünïcödé", "emoji \U0001f600", "</script>"],
+)  # fmt: skip
+def test_names_are_escaped_as_orjson_escapes_them(model: str) -> None:
+    data = np.array([[0.5, -0.25]], np.float32)
+    check(data, [1], model=model)
+    check(data, [1], field=model or "x")
+
+
+def test_a_field_named_model_and_other_inputs_go_to_orjson() -> None:
+    data = np.array([[0.5, -0.25], [1.0, 2.0]], np.float32)
+    check(data, [1, 1], field="model")
+    for strided in (
+        np.asfortranarray(np.arange(6, dtype=np.float32).reshape(3, 2) / 7),
+        np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::2],
+    ):  # orjson refuses arrays that are not C-contiguous, and so does this
+        with pytest.raises(TypeError, match="not C contiguous"):
+            sequences_json("m", "s", strided, np.array([len(strided)]))
+    lengths = np.array([1, 1], np.int32)
+    assert sequences_json("m", "s", data, lengths) == reference("m", "s", data, lengths)
+    wide = data.astype(np.float64)  # not float32: orjson writes float64 text
+    want = orjson.dumps(
+        {"model": "m", "s": [wide[:1], wide[1:]]}, option=orjson.OPT_SERIALIZE_NUMPY
+    )
+    assert sequences_json("m", "s", wide, np.array([1, 1])) == want
+
+
+def test_lengths_that_do_not_add_up_are_refused_as_flat_sequences_refuses_them() -> None:
+    with pytest.raises(ValueError, match="do not add up"):
+        sequences_json("m", "s", np.zeros((3, 2), np.float32), np.array([1, 1]))
+    with pytest.raises(ValueError, match="do not add up"):
+        sequences_json("m", "s", np.zeros((3, 2), np.float32), np.array([], np.int64))
+    with pytest.raises(ValueError, match="do not add up"):
+        sequences_json("m", "s", np.zeros((3, 0), np.float32), np.array([1, 1]))
+    # a negative length that FlatSequences lets through: the same bytes, from orjson
+    check(np.zeros((3, 1), np.float32), [4, -1])
+
+
+def test_a_name_orjson_refuses_is_refused() -> None:
+    with pytest.raises(orjson.JSONEncodeError):
+        sequences_json("\ud800", "s", np.zeros((1, 1), np.float32), np.array([1]))
+
+
+@pytest.mark.parametrize("scale", [1e-8, 1e-6, 1e-3, 1.0, 1e3, 1e8, 1e13, 1e30])
+def test_random_values_at_many_scales(scale: float) -> None:
+    rng = np.random.default_rng(int(np.log10(scale) + 100))
+    data = (rng.standard_normal((200, 8)) * scale).astype(np.float32)
+    check(data, [50, 150])
+
+
+def test_random_bit_patterns() -> None:
+    bits = np.random.default_rng(7).integers(0, 2**32, 200_000, dtype=np.uint64)
+    values = bits.astype(np.uint32).view(np.float32)
+    assert floats_json(values) == orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)
+    check(values.reshape(-1, 16), [12_000, 500])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=hnp.arrays(
+        np.float32,
+        hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=12),
+        elements=st.floats(width=32, allow_nan=True, allow_infinity=True),
+    ),
+    cuts=st.lists(st.integers(0, 12), max_size=4),
+)
+def test_hypothesis_bodies(data: np.ndarray, cuts: list[int]) -> None:
+    rows = data.shape[0]
+    points = sorted({min(c, rows) for c in cuts})
+    lengths = np.diff([0, *points, rows])
+    check(data, lengths)
