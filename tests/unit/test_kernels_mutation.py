@@ -9,6 +9,7 @@ exact message, and the state it hands back.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -255,3 +256,71 @@ def test_ema_packed_numba_casts_alpha_to_the_rows() -> None:
     want = smoother_cpu.ema_packed_numba(many.data, many.batch_sizes, alpha, init.float())
     assert got.dtype == torch.float32
     assert torch.equal(got, want)
+
+
+# ------------------------------------------------------------------ models/kernels/rollout_cpu.py
+# _jit and _mkl_gemm run while the module is imported, before mutmut picks a mutant: called here
+# so that their own code is judged.
+
+
+def _plus_one(x: int) -> int:
+    return x + 1
+
+
+def test_rollout_jit_options() -> None:
+    compiled = rollout_cpu._jit(_plus_one)
+    assert compiled.targetoptions == {
+        "nogil": True,
+        "boundscheck": False,
+        "error_model": "numpy",
+        "fastmath": {"contract"},
+        "nopython": True,
+    }
+    assert type(compiled._cache).__name__ == "NullCache"  # cache=False, though it could cache
+    assert compiled(41) == 42
+
+
+def _gemm(fn: Any, z: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``z @ w`` (row-major) through a Fortran ``?gemm_`` as rollout_cpu calls it."""
+    g = np.zeros((z.shape[0], w.shape[1]), z.dtype)
+    ints = np.array(
+        [w.shape[1], z.shape[0], w.shape[0], w.shape[1], z.shape[1], g.shape[1], 78, 78], np.int32
+    )
+    scalars = np.array([1, 0], z.dtype)
+    fn(
+        ints[6:].ctypes, ints[7:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
+        scalars[0:].ctypes, w.ctypes, ints[3:].ctypes, z.ctypes, ints[4:].ctypes,
+        scalars[1:].ctypes, g.ctypes, ints[5:].ctypes,
+    )  # fmt: skip
+    return g
+
+
+@pytest.mark.skipif(rollout_cpu.BLAS != "mkl", reason="this torch build exports no MKL gemm")
+def test_mkl_gemm_finds_single_and_double_precision_gemm() -> None:
+    found = rollout_cpu._mkl_gemm()
+    assert found is not None
+    sgemm, dgemm = found
+    rng = np.random.default_rng(0)
+    for fn, dtype, tol in ((sgemm, np.float32, 1e-5), (dgemm, np.float64, 1e-12)):
+        z = rng.standard_normal((3, 5)).astype(dtype)
+        w = rng.standard_normal((5, 8)).astype(dtype)
+        np.testing.assert_allclose(_gemm(fn, z, w), z @ w, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compile_for_runs_the_loop_on_inputs_of_that_dtype(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """numba compiles one loop per dtype of the inputs (the weights are cast to it)."""
+    seen: list[torch.dtype] = []
+    real = rollout_cpu.rollout_packed_numba
+
+    def spy(u: Tensor, *args: Any, **kwargs: Any) -> Any:
+        seen.append(u.dtype)
+        out = real(u, *args, **kwargs)
+        assert out[0].dtype == dtype
+        return out
+
+    monkeypatch.setattr(rollout_cpu, "rollout_packed_numba", spy)
+    rollout_cpu.compile_for(dtype)
+    assert seen == [dtype]
