@@ -2,6 +2,12 @@
 
     python mutation_tools.py prepare MODULE           # before mutmut: see prepare()
     python mutation_tools.py report MODULE SECONDS TEST...
+    python mutation_tools.py rerun TEST... -- MUTANT...  # in .mutation/<module>/mutants
+
+``rerun`` runs each named mutant (mutmut's ``MUTANT_UNDER_TEST``) against the given test files,
+one pytest session per mutant in one process, and prints ``name: killed`` or ``name: survived``:
+how survivors are judged against tests written after a run (copy them into ``mutants/tests``
+first), without running the whole module again.
 
 ``report`` prints the score, then every mutant that was not killed with its diff. Mutants that
 docs/TESTING.md names are counted as equivalent (left out of the score) and marked so; the
@@ -116,8 +122,26 @@ def report(module: str, seconds: str, tests: list[str]) -> None:
         print()
 
 
+def rerun(args: list[str]) -> None:
+    import contextlib
+
+    import pytest
+
+    split = args.index("--")
+    tests, mutants = args[:split], args[split + 1 :]
+    sys.path.insert(0, os.getcwd())  # the mutated code in mutants/, not the working tree's
+    for name in mutants:
+        os.environ["MUTANT_UNDER_TEST"] = name
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *tests]))
+        status = {0: "survived", 1: "killed"}.get(code, f"error (pytest exit code {code})")
+        print(f"{name}: {status}", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "prepare":
         prepare(sys.argv[2])
+    elif sys.argv[1] == "rerun":
+        rerun(sys.argv[2:])
     else:
         report(sys.argv[2], sys.argv[3], sys.argv[4:])
