@@ -31,6 +31,7 @@ import numpy as np
 import orjson
 
 from models.packing import FlatSequences
+from service import jsonwrite
 from service.validation import Limits, RequestError
 
 SAFETENSORS = "application/x-safetensors"
@@ -930,13 +931,14 @@ def encode(
     """The response body: safetensors when ``binary``, else JSON written from the buffers."""
     if binary:
         return b"".join(encode_parts(model, out_field, outputs))
-    return orjson.dumps(
-        {"model": model, out_field: list(outputs)}, option=orjson.OPT_SERIALIZE_NUMPY
-    )
+    flat = outputs if isinstance(outputs, FlatSequences) else FlatSequences.from_arrays(outputs)
+    return jsonwrite.sequences_json(model, out_field, flat.data, flat.lengths)
 
 
 def warm_up() -> None:
-    """Compile the JSON scanner (seconds, once per process) before the first request needs it."""
+    """Compile the JSON scanner and writer (seconds, once per process; then numba's cache)
+    before the first request needs them."""
+    jsonwrite.warm_up()
     limits = Limits(max_sequences=4, max_sequence_length=4, max_timesteps=16)
     for body in (b'{"sequences": [[[1.5, -2e-3], [0, 1]]], "model": "m"}', b'{"inputs": [[[1]]]}'):
         field = "sequences" if b"sequences" in body else "inputs"
