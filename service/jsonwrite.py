@@ -12,12 +12,13 @@ preallocated buffer, copied once into the ``bytes`` returned. Anything else (ano
 2-D, not C-contiguous, a field named ``model``, lengths that do not add up) goes to that orjson
 call itself, so the answer, or the error, is orjson's in every case.
 
-Why: orjson takes 25-28 ns of CPU per float32. Medians on the shared 2-core development
-machine (``python scripts/check_jsonwrite.py --bench``; CPU time, wall clock the same when
-quiet): the typical response, 280 steps x 16 tanh outputs, 63.4 us here against orjson's
-122.7 us (0.52x, 14.2 ns per float); 64 sequences x 1000 steps x 16, 16.2 ms against 26.5 ms
-(0.61x: a fresh buffer and result, 11 MB each, cost page faults and a copy). Bodies up to
-1 MiB are written into a buffer kept per thread, so that its pages stay mapped and cached.
+Why: orjson takes 25-30 ns of CPU per float32. Medians on the shared 2-core development
+machine (``python scripts/check_jsonwrite.py --bench``, CPU time; three runs): the typical
+response, 280 steps x 16 tanh outputs, 63-66 us against orjson's 128-136 us (0.49-0.50x,
+about 14 ns per float); 64 sequences x 1000 steps x 16, 15.9-17.4 ms against 26.9-27.9 ms
+(0.59-0.63x: a fresh buffer and result, 11 MB each, cost page faults and a copy). Bodies up
+to 1 MiB are written into a buffer kept per thread, so that its pages stay mapped and cached;
+headers are kept by name.
 
 Each number is the shortest decimal that reads back as the same float32, the closest such
 (ties to even digits): Dragonbox (Junekey Jeon, 2020) for binary32, its common case without
@@ -402,9 +403,12 @@ def _write_rows(bits: Any, k: int, rows: int, width: int, buf: Any, pos: int) ->
     return pos
 
 
-def _write_body(bits: Any, rows: int, width: int, lengths: Any, head: Any, buf: Any) -> int:
-    """``head``, then each sequence ``[[x, ...], ...]`` comma-separated, then ``]}``; the end,
-    or -1 (nothing written) if a length is negative or they do not add up to the rows."""
+def _write_body(data: Any, lengths: Any, head: Any, buf: Any) -> int:
+    """``head``, then each sequence ``[[x, ...], ...]`` of the float32 ``data`` (2-D, C order),
+    comma-separated, then ``]}``; the end, or -1 (nothing written) if a length is negative or
+    they do not add up to the rows."""
+    rows, width = data.shape
+    bits = data.reshape(-1).view(np.uint32)
     total = 0
     for s in range(lengths.shape[0]):
         if lengths[s] < 0:
@@ -469,6 +473,8 @@ def _orjson(model: str, out_field: str, data: np.ndarray, lengths: np.ndarray) -
 
 _SCRATCH_MAX = 1 << 20
 _scratch = threading.local()  # each thread's buffer for bodies up to _SCRATCH_MAX bytes
+_HEADERS_MAX = 256
+_headers: dict[tuple[str, str], np.ndarray] = {}  # '{"model":"<model>","<field>":[' by names
 
 
 def sequences_json(model: str, out_field: str, data: np.ndarray, lengths: np.ndarray) -> bytes:
@@ -484,8 +490,14 @@ def sequences_json(model: str, out_field: str, data: np.ndarray, lengths: np.nda
         or lengths.dtype.kind not in "iu"
     ):
         return _orjson(model, out_field, data, lengths)
-    # orjson escapes the names (and refuses what it refuses) in the header
-    head = orjson.dumps({"model": model, out_field: []})[:-2]
+    names = type(model) is str and type(out_field) is str
+    head = _headers.get((model, out_field)) if names else None
+    if head is None:  # orjson escapes the names (and refuses what it refuses)
+        head = np.frombuffer(orjson.dumps({"model": model, out_field: []})[:-2], np.uint8)
+        if names:
+            if len(_headers) >= _HEADERS_MAX:
+                _headers.clear()
+            _headers[model, out_field] = head
     rows, width = data.shape
     size = len(head) + 3 * len(lengths) + rows * (3 + width * _MAX_NUMBER) + 2 + _SLACK
     if size <= _SCRATCH_MAX:  # a buffer already in the cache and mapped: about 6 us less
@@ -494,14 +506,7 @@ def sequences_json(model: str, out_field: str, data: np.ndarray, lengths: np.nda
             buf = _scratch.buf = np.empty(_SCRATCH_MAX, np.uint8)
     else:
         buf = np.empty(size, np.uint8)
-    end = _write_body(
-        data.reshape(-1).view(np.uint32),
-        rows,
-        width,
-        lengths.astype(np.int64, copy=False),
-        np.frombuffer(head, np.uint8),
-        buf,
-    )
+    end = _write_body(data, lengths.astype(np.int64, copy=False), head, buf)
     if end < 0:  # lengths that do not add up: FlatSequences raises ValueError
         return _orjson(model, out_field, data, lengths)
     return buf[:end].tobytes()

@@ -121,6 +121,13 @@ def test_names_are_escaped_as_orjson_escapes_them(model: str) -> None:
     check(data, [1], field=model or "x")
 
 
+def test_headers_kept_by_name_are_not_mixed_up() -> None:
+    data = np.array([[0.5]], np.float32)
+    for _ in range(2):
+        for model, field in (("a", "b"), ("a", "c"), ("b", "a"), ('a"', "b"), ("a", "b\n")):
+            check(data, [1], model=model, field=field)
+
+
 def test_a_field_named_model_and_other_inputs_go_to_orjson() -> None:
     data = np.array([[0.5, -0.25], [1.0, 2.0]], np.float32)
     check(data, [1, 1], field="model")
