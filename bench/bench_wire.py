@@ -99,7 +99,7 @@ def main() -> None:
         st["flat_out"] = unpack_flat(st["out"], st["in"].lengths, st["plan"]).numpy()
 
     def out_json() -> None:
-        outputs = FlatSequences(st["flat_out"], lengths)  # as the route: views of one array
+        outputs = FlatSequences(st["flat_out"], lengths)  # as the route: one flat array
         st["resp"] = wire.encode("smoother", "sequences", outputs, False)
 
     def out_bin() -> None:  # as the route: the buffers go to the socket as they are
@@ -117,7 +117,7 @@ def main() -> None:
         "model": run,
         "unpack (gather)": unpack,
         "model, server path (smooth_flat: no packing, finite check fused)": run_flat,
-        "json: serialise (orjson, per-sequence views)": out_json,
+        "json: serialise (service.jsonwrite, from the flat buffer)": out_json,
         "binary: serialise (header + buffers, no copy)": out_bin,
         "ref: orjson.loads": lambda: orjson.loads(json_body),
         "ref: orjson.dumps (numpy)": lambda: orjson.dumps(
@@ -159,7 +159,7 @@ def main() -> None:
     outside_bin = join + med["binary: parse (finite check left to the model)"] + bin_serialise
     outside_checked = join + med["binary: parse with its own finite check"] + bin_serialise
     outside_json = (
-        med["json: parse (fast path)"] + med["json: serialise (orjson, per-sequence views)"]
+        med["json: parse (fast path)"] + med["json: serialise (service.jsonwrite, from the flat buffer)"]
     )
     ref = med["ref: orjson.loads"] + med["ref: orjson.dumps (numpy)"]
     lines += [
