@@ -158,9 +158,8 @@ def main() -> None:
     join = med["binary: join the received pieces"]
     outside_bin = join + med["binary: parse (finite check left to the model)"] + bin_serialise
     outside_checked = join + med["binary: parse with its own finite check"] + bin_serialise
-    outside_json = (
-        med["json: parse (fast path)"] + med["json: serialise (service.jsonwrite, from the flat buffer)"]
-    )
+    json_write = med["json: serialise (service.jsonwrite, from the flat buffer)"]
+    outside_json = med["json: parse (fast path)"] + json_write
     ref = med["ref: orjson.loads"] + med["ref: orjson.dumps (numpy)"]
     lines += [
         "",
