@@ -280,6 +280,28 @@ def predict(m: Measured) -> tuple[float, str]:
     return caps[limit], f"{text} → bound by the {limit.split(':')[0]}"
 
 
+def _two_against_one(measured: Sequence[Measured]) -> list[str]:
+    """One line per workload: requests/s with two workers over one, and why when it is less."""
+    by = {(m.workload, m.workers): m for m in measured}
+    lines = []
+    for workload in dict.fromkeys(m.workload for m in measured):
+        one, two = by.get((workload, 1)), by.get((workload, 2))
+        if one is None or two is None or not one.requests_per_s:
+            continue
+        ratio = two.requests_per_s / one.requests_per_s
+        cpu_one = sum(one.cpu_ms.values())
+        cpu_two = sum(two.cpu_ms.values())
+        line = f"- {workload}: two workers {ratio:.2f}x one's requests/s"
+        if ratio < 0.97:
+            line += (
+                f"; they lose here: each request costs {cpu_two:.3f} ms of server CPU against "
+                f"{cpu_one:.3f} (the copy to the engine and back, the engine's loop), and the "
+                "cores they would add are the load generator's"
+            )
+        lines.append(line + ".")
+    return lines
+
+
 def render(
     stages: Sequence[Stages], per_mb: float, measured: Sequence[Measured], quick: bool
 ) -> str:
@@ -313,8 +335,8 @@ def render(
         f"### Measured: `--workers 1` vs `--workers 2`, {CLIENTS} closed-loop clients",
         "",
         "The load generator (`bench.load.closed_loop`, aiohttp) runs on the same "
-        f"{os.cpu_count()} cores as the server, so these rows show that two workers lose "
-        "nothing against one, not how throughput grows with cores. CPU per request is read "
+        f"{os.cpu_count()} cores as the server, so these rows compare two workers with one "
+        "on cores that are not free, not how throughput grows with cores. CPU per request is read "
         "from `/proc` for each process and thread over the run: *HTTP* is the workers (with "
         "one process: its main thread, which also runs the batcher), *engine loop* the engine's "
         "main thread (transport, batcher), *model threads* every other thread.",
@@ -330,6 +352,7 @@ def render(
             f"{m.p99_ms:.1f} | {m.requests_per_batch:.1f} | {m.cpu_ms['http']:.3f} | "
             f"{loop:.3f} | {m.cpu_ms['model']:.3f} |"
         )
+    lines += ["", *_two_against_one(measured)]
     lines += [
         "",
         f"### Predicted for a {HOST_CORES}-core host",
