@@ -130,6 +130,11 @@ def rerun(args: list[str]) -> None:
     split = args.index("--")
     tests, mutants = args[:split], args[split + 1 :]
     sys.path.insert(0, os.getcwd())  # the mutated code in mutants/, not the working tree's
+    # import everything first with no mutant active, as mutmut's fork server does: functions
+    # that run at import (and their effects on module state) are never judged by mutant here
+    os.environ["MUTANT_UNDER_TEST"] = ""
+    with contextlib.redirect_stdout(io.StringIO()):
+        pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *tests])
     for name in mutants:
         os.environ["MUTANT_UNDER_TEST"] = name
         with contextlib.redirect_stdout(io.StringIO()):

@@ -8,6 +8,7 @@ exact message, and the state it hands back.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import Any
 
@@ -300,6 +301,9 @@ def test_mkl_gemm_finds_single_and_double_precision_gemm() -> None:
     found = rollout_cpu._mkl_gemm()
     assert found is not None
     sgemm, dgemm = found
+    for fn in found:  # the signature numba types its calls by: 13 pointers, no result
+        assert fn.argtypes == (ctypes.c_void_p,) * 13
+        assert fn.restype is None
     rng = np.random.default_rng(0)
     for fn, dtype, tol in ((sgemm, np.float32, 1e-5), (dgemm, np.float64, 1e-12)):
         z = rng.standard_normal((3, 5)).astype(dtype)
@@ -324,3 +328,43 @@ def test_compile_for_runs_the_loop_on_inputs_of_that_dtype(
     monkeypatch.setattr(rollout_cpu, "rollout_packed_numba", spy)
     rollout_cpu.compile_for(dtype)
     assert seen == [dtype]
+
+
+def test_one_hidden_unit_is_enough() -> None:
+    u, sizes = inputs([4, 2])
+    w = weights(layers=2, hidden=1)
+    for got, want in zip(run(u, sizes, *w), rollout_packed(u, sizes, *w), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+def test_the_numba_rollout_refuses_inputs_off_the_cpu() -> None:
+    u = torch.zeros(2, 3, device="meta")  # stands in for a GPU
+    call = lambda: run(u, [2], *weights(layers=1))  # noqa: E731
+    assert refusal(ValueError, call) == "the numba rollout runs on CPU tensors, got meta"
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_float32_in_float32_out_at_every_depth(layers: int) -> None:
+    u, sizes = inputs([3, 1])
+    w32 = [w.float() if isinstance(w, Tensor) else [t.float() for t in w] for w in weights(layers)]
+    got = run(u.float(), sizes, *w32)
+    want = rollout_packed(u.float(), sizes, *w32)
+    for g, ref in zip(got, want, strict=True):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(rollout_cpu.BLAS != "mkl", reason="checked with MKL's gemm only")
+def test_gemm_from_picks_the_path_of_each_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One sequence (one active row a step), float32, 16 hidden units: MKL's gemm and the
+    hand-written loop round differently here (checked), so the bits say which path ran."""
+    u, sizes = inputs([9])
+    w = [x.float() if isinstance(x, Tensor) else [t.float() for t in x] for x in weights(2, 16)]
+    blas = run(u.float(), sizes, *w, gemm_from=1)[0]
+    loop = run(u.float(), sizes, *w, gemm_from=2)[0]
+    assert not torch.equal(blas, loop)
+    torch.testing.assert_close(blas, loop, atol=1e-5, rtol=0)
+    assert torch.equal(run(u.float(), sizes, *w, gemm_from=0)[0], blas)  # 0 is taken as 1
+    for default, want in ((1, blas), (2, loop)):
+        monkeypatch.setattr(rollout_cpu, "GEMM_FROM", default)
+        assert torch.equal(run(u.float(), sizes, *w)[0], want)
