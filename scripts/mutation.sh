@@ -50,6 +50,7 @@ tests_for() {
     service/wire.py) echo tests/unit/test_wire.py tests/unit/test_wire_mutation.py \
                           tests/unit/test_finite_check.py tests/integration/test_binary.py ;;
     service/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py ;;
+    service/jsonwrite.py) echo tests/unit/test_jsonwrite.py ;;
     models/packing.py) echo tests/unit/test_packing.py tests/unit/test_smoothing.py \
                             tests/unit/test_traveller.py ;;
     models/__init__.py) echo tests/unit/test_loader.py tests/unit/test_torchscript.py ;;
