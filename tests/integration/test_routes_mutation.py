@@ -7,10 +7,12 @@ picks a mutant: it is called here so that its own code is judged.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 
 from service import routes, wire
 from service.routes import BuffersResponse, InferRequest, json_response
@@ -81,3 +83,24 @@ async def test_unauthorized_requests_are_counted_by_their_endpoint(app_client: A
     assert value(text, counted, endpoint="models", reason="unauthorized") == 1
     assert value(text, counted, endpoint="metrics", reason="unauthorized") == 1
     assert value(text, counted, endpoint="none", reason="unauthorized") == 0
+
+
+def test_the_default_model_is_resolved_once_per_app_with_its_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    served = {"a": SimpleNamespace(kind="smoother"), "b": SimpleNamespace(kind="smoother")}
+    state = SimpleNamespace(
+        runtime=SimpleNamespace(models=served), settings=SimpleNamespace(default_smoother="b")
+    )
+    calls: list[str] = []
+    real = routes.defaults.resolve
+
+    def resolve(models: Any, kind: str, settings: Any) -> str:
+        calls.append(kind)
+        return real(models, kind, settings)
+
+    monkeypatch.setattr(routes.defaults, "resolve", resolve)
+    assert routes._default_model(state, "smoother") == "b"  # the setting, not the first served
+    assert routes._default_model(state, "smoother") == "b"
+    assert calls == ["smoother"]
+    assert state.default_models == {"smoother": "b"}
