@@ -135,10 +135,17 @@ def rerun(args: list[str]) -> None:
     os.environ["MUTANT_UNDER_TEST"] = ""
     with contextlib.redirect_stdout(io.StringIO()):
         pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *tests])
+    # a mutant that hangs fails its test after MUTATION_TIMEOUT seconds (pytest-timeout): caught,
+    # as mutmut counts its "timeout"
+    limit = (
+        ["-o", f"timeout={os.environ['MUTATION_TIMEOUT']}"]
+        if "MUTATION_TIMEOUT" in os.environ
+        else []
+    )
     for name in mutants:
         os.environ["MUTANT_UNDER_TEST"] = name
         with contextlib.redirect_stdout(io.StringIO()):
-            code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *tests]))
+            code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *limit, *tests]))
         status = {0: "survived", 1: "killed"}.get(code, f"error (pytest exit code {code})")
         print(f"{name}: {status}", flush=True)
 
