@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry, Gauge
 
 from service import routes, wire
 from service.routes import BuffersResponse, InferRequest, json_response
@@ -104,3 +105,19 @@ def test_the_default_model_is_resolved_once_per_app_with_its_settings(
     assert routes._default_model(state, "smoother") == "b"
     assert calls == ["smoother"]
     assert state.default_models == {"smoother": "b"}
+
+
+def test_the_byte_budget_takes_up_to_its_limit_exactly() -> None:
+    gauge = Gauge("held_bytes", "test", registry=CollectorRegistry())
+    budget = routes.ByteBudget(10, gauge)
+    assert budget.take(4)
+    assert budget.take(6)  # exactly at the limit: still taken
+    assert budget.used == 10
+    assert gauge._value.get() == 10
+    assert not budget.take(1)
+    assert budget.used == 10
+    budget.give(7)
+    assert budget.used == 3
+    assert gauge._value.get() == 3
+    assert budget.take(7)
+    assert not budget.take(1)
