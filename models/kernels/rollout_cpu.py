@@ -346,8 +346,8 @@ def rollout_packed_numba(
     dtype = u.dtype
     num_layers = len(w_cat)
     hidden = w_cat[0].shape[1] // 4
-    b_max = batch_sizes[0]
     _check_shapes(u, batch_sizes, w_cat, bias, w_out, b_out, (h0, c0, p0))
+    b_max = batch_sizes[0]  # after the check: no batch sizes at all are refused there
 
     def arr(t: Tensor) -> np.ndarray[Any, Any]:
         return t.detach().to(dtype).contiguous().numpy()

@@ -114,6 +114,15 @@ def test_an_empty_hidden_layer_is_refused() -> None:
     )
 
 
+def test_no_batch_sizes_at_all_is_refused_as_a_shape_error() -> None:
+    # (it read batch_sizes[0] before its own check, and raised IndexError)
+    w_cat, bias, w_out, b_out = weights()
+    u = torch.zeros(0, 3, dtype=torch.float64)
+    assert refusal(ValueError, lambda: run(u, [], w_cat, bias, w_out, b_out)) == (
+        "batch_sizes must be positive and sum to 0 rows"
+    )
+
+
 @pytest.mark.parametrize("layers", [1, 2, 3])
 @pytest.mark.parametrize("gemm_from", [0, 1, 2, 3, 100])
 def test_results_and_state_match_rollout_packed(layers: int, gemm_from: int) -> None:
