@@ -18,6 +18,7 @@ from bench.load import (
     process_cpu_seconds,
     process_tree_cpu_seconds,
 )
+from tests.helpers import markdown_tables as _tables
 
 TICK = 1 / os.sysconf("SC_CLK_TCK")  # /proc's unit of CPU time
 
@@ -126,18 +127,6 @@ def _report() -> bench_load.Report:
     for c in cells:
         c.server_cpu, c.client_cpu = [0.003], [0.001]
     return bench_load.Report(cells, 64, 10.0, 1, False, binary=True, workers=2)
-
-
-def _tables(text: str) -> list[list[str]]:
-    tables: list[list[str]] = []
-    current: list[str] = []
-    for line in [*text.splitlines(), ""]:
-        if line.startswith("|"):
-            current.append(line)
-        elif current:
-            tables.append(current)
-            current = []
-    return tables
 
 
 def test_configs_put_the_workers_rows_after_the_single_process() -> None:

@@ -9,7 +9,6 @@ exact message, and the state it hands back.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,18 +18,10 @@ from torch import Tensor
 
 from models.packing import pack
 from models.traveller import Traveller, rollout_packed
+from tests.helpers import refusal
 
 rollout_cpu = pytest.importorskip("models.kernels.rollout_cpu")
 run = rollout_cpu.rollout_packed_numba
-
-
-def refusal(exc: type[Exception], call: Callable[[], object]) -> str:
-    """The message ``call`` is refused with (it must raise ``exc``)."""
-    try:
-        call()
-    except exc as error:
-        return str(error)
-    raise AssertionError(f"not refused with {exc.__name__}")
 
 
 def weights(

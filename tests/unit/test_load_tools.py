@@ -38,6 +38,7 @@ from bench.load import (
 )
 from bench.naive_server import create_app, start_naive_server
 from tests.e2e.server import Server, free_port, stop
+from tests.helpers import markdown_tables as _tables
 from tests.integration.conftest import running_app
 
 SMOOTH = WORKLOADS["smooth"]
@@ -372,18 +373,6 @@ def _result(workload: str, rps: float, p99_ms: float, batch: BatchStats | None) 
     r.latencies = [p99_ms / 1e3] * r.ok
     r.batch = batch
     return r
-
-
-def _tables(text: str) -> list[list[str]]:
-    tables: list[list[str]] = []
-    current: list[str] = []
-    for line in [*text.splitlines(), ""]:
-        if line.startswith("|"):
-            current.append(line)
-        elif current:
-            tables.append(current)
-            current = []
-    return tables
 
 
 def test_render_shows_figures_targets_and_plots() -> None:

@@ -9,7 +9,6 @@ of each refusal (the caller's only clue to what was wrong).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,18 +19,10 @@ import models.kernels.rollout_cpu as rollout_cpu
 import models.traveller as traveller
 from models.packing import pack, unpack
 from models.traveller import RolloutState, Traveller, rollout_backend_fn, rollout_packed
+from tests.helpers import refusal
 from tests.references import bent_model, seed_rollout
 
 CPU = torch.device("cpu")
-
-
-def refusal(exc: type[Exception], call: Callable[[], object]) -> str:
-    """The message ``call`` is refused with (it must raise ``exc``)."""
-    try:
-        call()
-    except exc as error:
-        return str(error)
-    raise AssertionError(f"not refused with {exc.__name__}")
 
 
 def reference(model: Traveller, u: torch.Tensor) -> torch.Tensor:
