@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -65,3 +67,154 @@ def test_a_body_over_the_limit_is_refused_as_it_arrives() -> None:
     with pytest.raises(RequestError) as err:
         _read(pieces, None, limit=5000)
     assert (err.value.status, err.value.type) == (413, "body_too_large")
+
+
+# --- the limits, the budget and the timeout, at their edges (mutation survivors of routes.py) ---
+
+
+def _budgeted(
+    pieces: list[bytes], declared: int | None, budget: int
+) -> tuple[Request, routes.ByteBudget, list[int]]:
+    """A request whose receive() counts its calls, and the byte budget it reads against."""
+    request = _request(pieces, declared, limit=budget)
+    calls = [0]
+    inner = request.receive
+
+    async def counted() -> Any:
+        calls[0] += 1
+        return await inner()
+
+    request._receive = counted
+    return request, request.app.state.byte_budget, calls
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_a_byte_is_read() -> None:
+    request, budget, calls = _budgeted([b"x" * 10], declared=6000, budget=1 << 20)
+    with pytest.raises(RequestError) as err:
+        asyncio.run(routes._read_body(request, 5000, 5.0, routes._Held()))
+    assert (err.value.status, err.value.type) == (413, "body_too_large")
+    assert "over 5000 bytes" in err.value.message
+    assert calls == [0]  # the client was refused before it sent its body
+    assert budget.used == 0
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_of_exactly_the_limit_is_read(declared: bool) -> None:
+    pieces = [BODY[:4000], BODY[4000:5000]]
+    request, budget, _ = _budgeted(pieces, 5000 if declared else None, budget=1 << 20)
+    held = routes._Held()
+    assert asyncio.run(routes._read_body(request, 5000, 5.0, held)) == BODY[:5000]
+    assert held.n == budget.used == 5000
+
+
+def test_the_budget_holds_the_bytes_that_came_once_each() -> None:
+    # no declared length: the budget grows by what each piece adds, not by the running total
+    pieces = [BODY[:1000], BODY[1000:3000], BODY[3000:3500]]
+    request, budget, _ = _budgeted(pieces, None, budget=3500)  # exactly enough
+    held = routes._Held()
+    assert asyncio.run(routes._read_body(request, 1 << 20, 5.0, held)) == BODY[:3500]
+    assert held.n == budget.used == 3500
+
+
+def test_a_body_past_the_budget_as_it_arrives_is_refused_as_overloaded() -> None:
+    pieces = [BODY[:1000], BODY[1000:3000], BODY[3000:3500]]
+    request, budget, calls = _budgeted(pieces, None, budget=2500)
+    held = routes._Held()
+    with pytest.raises(RequestError) as err:
+        asyncio.run(routes._read_body(request, 1 << 20, 5.0, held))
+    assert (err.value.status, err.value.type) == (503, "overloaded")
+    assert "holds 1000 bytes of requests (its budget is 2500)" in err.value.message
+    assert calls == [2]  # refused on the piece that did not fit, the rest never read
+    assert held.n == budget.used == 1000  # what it holds is given back by the caller
+
+
+def test_a_body_that_stops_arriving_times_out_with_408() -> None:
+    request = _request([BODY[:700], BODY[700:]], None)
+    first = request._receive
+
+    async def stalls() -> Any:
+        message = await first()
+        if message["body"] == BODY[700:]:
+            await asyncio.sleep(30)  # the rest never comes
+        return message
+
+    request._receive = stalls
+    with pytest.raises(RequestError) as err:
+        asyncio.run(asyncio.wait_for(routes._read_body(request, 1 << 20, 0.05, routes._Held()), 5))
+    assert (err.value.status, err.value.type) == (408, "body_timeout")
+    assert err.value.message == "the request body did not arrive within 0.05 s (700 bytes came)"
+
+
+def _headers_request(headers: dict[str, str]) -> Request:
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": raw})
+
+
+@pytest.mark.parametrize(
+    ("default_s", "header", "due"),
+    [
+        (0.0, None, math.inf),  # no server default, no header: never
+        (-1.0, None, math.inf),
+        (2.5, None, 102.5),
+        (0.0, "0.25", 100.25),  # the client's own, with or without a server default
+        (2.5, "0.25", 100.25),
+    ],
+)
+def test_the_deadline(default_s: float, header: str | None, due: float) -> None:
+    request = _headers_request({} if header is None else {routes.TIMEOUT_HEADER: header})
+    assert routes._deadline(request, 100.0, default_s) == due
+
+
+def _receiving(messages: list[dict[str, Any]]) -> tuple[Request, list[int]]:
+    calls = [0]
+
+    async def receive() -> dict[str, Any]:
+        calls[0] += 1
+        if messages:
+            return messages.pop(0)
+        await asyncio.sleep(30)  # nothing more ever comes
+        raise AssertionError("unreachable")
+
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive), calls
+
+
+def test_disconnected_returns_on_the_disconnect_and_only_then() -> None:
+    more = {"type": "http.request", "body": b"", "more_body": False}
+    request, calls = _receiving([more, more, {"type": "http.disconnect"}, more])
+    asyncio.run(asyncio.wait_for(routes._disconnected(request), 5))
+    assert calls == [3]
+
+
+async def _value_after(s: float, value: int) -> int:
+    await asyncio.sleep(s)
+    return value
+
+
+def test_unless_disconnected_gives_the_result_with_no_deadline() -> None:
+    request, _ = _receiving([])  # the client stays
+    got = asyncio.run(routes._unless_disconnected(request, _value_after(0.01, 7), math.inf))
+    assert got == 7
+
+
+def test_unless_disconnected_raises_client_gone_and_cancels_the_work() -> None:
+    async def main() -> asyncio.Task[int]:
+        request, _ = _receiving([{"type": "http.disconnect"}])
+        work = asyncio.ensure_future(_value_after(30, 7))
+        with pytest.raises(routes.ClientGone):
+            await routes._unless_disconnected(request, work, time.perf_counter() + 30)
+        await asyncio.sleep(0)
+        return work
+
+    assert asyncio.run(asyncio.wait_for(main(), 5)).cancelled()
+
+
+def test_unless_disconnected_raises_deadline_exceeded_and_cancels_the_work() -> None:
+    async def main() -> asyncio.Task[int]:
+        request, _ = _receiving([])
+        work = asyncio.ensure_future(_value_after(30, 7))
+        with pytest.raises(routes.DeadlineExceeded):
+            await routes._unless_disconnected(request, work, time.perf_counter() + 0.02)
+        await asyncio.sleep(0)
+        return work
+
+    assert asyncio.run(asyncio.wait_for(main(), 5)).cancelled()
