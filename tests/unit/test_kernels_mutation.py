@@ -112,6 +112,13 @@ def test_no_batch_sizes_at_all_is_refused_as_a_shape_error() -> None:
     assert refusal(ValueError, lambda: run(u, [], w_cat, bias, w_out, b_out)) == (
         "batch_sizes must be positive and sum to 0 rows"
     )
+    # a state for no sequences has 0 rows, the shape the check expects; the refusal is still
+    # about the batch sizes
+    h = torch.zeros(2, 0, 4, dtype=torch.float64)
+    p = torch.zeros(0, 2, dtype=torch.float64)
+    assert refusal(ValueError, lambda: run(u, [], w_cat, bias, w_out, b_out, h, h, p)) == (
+        "batch_sizes must be positive and sum to 0 rows"
+    )
 
 
 @pytest.mark.parametrize("layers", [1, 2, 3])
