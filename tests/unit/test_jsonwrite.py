@@ -7,6 +7,10 @@ patterns is scripts/check_jsonwrite.py (minutes); these are the fast ones.
 
 from __future__ import annotations
 
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
 import numpy as np
 import orjson
 import pytest
@@ -15,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from models.packing import FlatSequences
+from service import jsonwrite
 from service.jsonwrite import floats_json, sequences_json
 
 
@@ -190,3 +195,66 @@ def test_hypothesis_bodies(data: np.ndarray, cuts: list[int]) -> None:
     points = sorted({min(c, rows) for c in cuts})
     lengths = np.diff([0, *points, rows])
     check(data, lengths)
+
+
+# --- the tables built at import, and the compile helper (mutation testing runs these functions
+# only when a test calls them: the module's own tables were made before a mutant was chosen) ---
+
+
+def _floor_log2(x: Fraction) -> int:
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    while Fraction(2) ** e > x:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= x:
+        e += 1
+    return e
+
+
+def test_the_power_of_ten_table_is_exact() -> None:
+    hi, lo = jsonwrite._cache_table()
+    assert hi.dtype == lo.dtype == np.int64
+    assert len(hi) == len(lo) == 78
+    for i, k in enumerate(range(-31, 47)):
+        x = Fraction(10) ** k
+        scaled = x * Fraction(2) ** (63 - _floor_log2(x))
+        want = -(-scaled.numerator // scaled.denominator)  # the ceiling, exactly
+        assert (int(hi[i]) << 32 | int(lo[i])) == want, k
+        assert 0 <= int(lo[i]) < 1 << 32
+
+
+def _shortest(value: np.float32) -> tuple[int, int]:
+    """(digits, exponent) of the shortest decimal that reads back as ``value``, from orjson's
+    own text (ryu), trailing zeros moved into the exponent."""
+    digits = Decimal(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    sign, ds, exp = digits.normalize().as_tuple()
+    assert sign == 0
+    assert isinstance(exp, int)
+    return int("".join(map(str, ds))), exp
+
+
+@pytest.mark.parametrize("exponent", range(2, 255))
+def test_each_power_of_two_takes_its_shortest_decimal(exponent: int) -> None:
+    value = f32_bits(exponent << 23)[0]  # a power of two: Dragonbox's shorter interval
+    sig, exp = jsonwrite._shorter_interval(exponent)
+    assert (sig, exp) == _shortest(value)
+    assert np.float32(Fraction(sig) * Fraction(10) ** exp) == value
+
+
+def _triple(x: int) -> int:
+    return 3 * x
+
+
+def test_jit_options_and_its_fallback_without_a_cache_location() -> None:
+    options = {"nogil": True, "boundscheck": False, "nopython": True}
+    cached = jsonwrite._jit(_triple)
+    assert cached.targetoptions == options
+    assert type(cached._cache).__name__ == "FunctionCache"  # this file can hold a cache
+    inlined = jsonwrite._jit(_triple, inline="always")
+    assert inlined.targetoptions == {**options, "inline": "always"}
+    scope: dict[str, Any] = {}
+    exec("def plus_one(x):\n    return x + 1\n", scope)  # no file: numba cannot cache it
+    uncached = jsonwrite._jit(scope["plus_one"])
+    assert uncached.targetoptions == options
+    assert type(uncached._cache).__name__ == "NullCache"
+    assert uncached(41) == 42
+    assert cached(14) == 42
