@@ -123,7 +123,9 @@ def test_a_body_past_the_budget_as_it_arrives_is_refused_as_overloaded() -> None
     with pytest.raises(RequestError) as err:
         asyncio.run(routes._read_body(request, 1 << 20, 5.0, held))
     assert (err.value.status, err.value.type) == (503, "overloaded")
-    assert "holds 1000 bytes of requests (its budget is 2500)" in err.value.message
+    assert err.value.message == (
+        "the server holds 1000 bytes of requests (its budget is 2500); try again later"
+    )
     assert calls == [2]  # refused on the piece that did not fit, the rest never read
     assert held.n == budget.used == 1000  # what it holds is given back by the caller
 
