@@ -121,3 +121,12 @@ def test_the_byte_budget_takes_up_to_its_limit_exactly() -> None:
     assert gauge._value.get() == 3
     assert budget.take(7)
     assert not budget.take(1)
+
+
+@pytest.mark.parametrize("status", [401, 400, 403, 413, 503])
+def test_error_response_asks_for_a_bearer_token_on_401_only(status: int) -> None:
+    exc = routes.RequestError(status, "some_type", "what went wrong")
+    response = routes.error_response(exc)
+    assert response.status_code == status
+    assert orjson.loads(response.body) == exc.body()
+    assert response.headers.get("www-authenticate") == ("Bearer" if status == 401 else None)
