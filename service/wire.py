@@ -644,7 +644,8 @@ _PLAIN_ACCEPT = frozenset({"*/*", JSON})  # what most clients send: JSON, withou
 
 
 def wants_safetensors(accept: str | None) -> bool:
-    """Whether the ``Accept`` header prefers safetensors to JSON (JSON on a tie with ``*/*``)."""
+    """Whether the ``Accept`` header prefers safetensors to JSON; safetensors wins a tie (a
+    client that names it asked for it), and ``application/*`` and ``*/*`` stand for JSON."""
     if not accept or accept in _PLAIN_ACCEPT:
         return False
     best_st, best_json = 0.0, 0.0
@@ -662,7 +663,7 @@ def wants_safetensors(accept: str | None) -> bool:
         if media == SAFETENSORS:
             best_st = max(best_st, q)
         elif media in (JSON, "application/*", "*/*"):
-            best_json = max(best_json, q if media == JSON else q - 1e-6)
+            best_json = max(best_json, q)
     return best_st > 0 and best_st >= best_json
 
 
