@@ -7,6 +7,8 @@ picks a mutant: it is called here so that its own code is judged.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import MutableMapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from service import routes, wire
 from service.routes import BuffersResponse, InferRequest, json_response
+from service.validation import RequestError
 from tests.integration.conftest import AppClient
 from tests.metrics import value
 
@@ -125,8 +128,89 @@ def test_the_byte_budget_takes_up_to_its_limit_exactly() -> None:
 
 @pytest.mark.parametrize("status", [401, 400, 403, 413, 503])
 def test_error_response_asks_for_a_bearer_token_on_401_only(status: int) -> None:
-    exc = routes.RequestError(status, "some_type", "what went wrong")
+    exc = RequestError(status, "some_type", "what went wrong")
     response = routes.error_response(exc)
     assert response.status_code == status
     assert orjson.loads(response.body) == exc.body()
     assert response.headers.get("www-authenticate") == ("Bearer" if status == 401 else None)
+
+
+def _scope(path: str) -> dict[str, Any]:
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000), "server": ("rnnserve", 80),
+    }  # fmt: skip
+
+
+async def test_a_body_that_stops_arriving_is_answered_408_at_the_setting(
+    app_client: AppClient,
+) -> None:
+    body = orjson.dumps({"sequences": [[[0.5] * 16] * 3]})
+    half = body[:20]
+    released = asyncio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if not sent and not released.is_set():
+            released.set()
+            return {"type": "http.request", "body": half, "more_body": True}
+        await asyncio.sleep(30)  # the rest never comes
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    async with app_client(body_timeout_s=0.2) as (app, _):
+        gauge = app.state.metrics.registry.get_sample_value
+        call = asyncio.ensure_future(app(_scope("/smooth"), receive, send))
+        await released.wait()
+        await asyncio.sleep(0.05)  # reading the body: the request is in flight, by endpoint
+        assert gauge("rnnserve_requests_in_flight", {"endpoint": "smooth"}) == 1
+        await asyncio.wait_for(call, 10)
+        assert gauge("rnnserve_requests_in_flight", {"endpoint": "smooth"}) == 0
+    assert sent[0]["status"] == 408
+    assert orjson.loads(sent[1]["body"]) == {
+        "detail": "the request body did not arrive within 0.2 s (20 bytes came)",
+        "type": "body_timeout",
+        "loc": [],
+    }
+
+
+async def test_a_server_not_ready_refuses_with_503(app_client: AppClient) -> None:
+    async with app_client() as (app, client):
+        app.state.ready = False
+        r = await client.post("/smooth", json={"sequences": [[[0.5] * 16]]})
+        app.state.ready = True
+        text = (await client.get("/metrics")).text
+    assert r.status_code == 503
+    assert r.headers["retry-after"] == "1"
+    assert r.json() == {
+        "detail": "the server is starting or shutting down",
+        "type": "not_ready",
+        "loc": [],
+    }
+    assert (
+        value(text, "rnnserve_requests_rejected_total", endpoint="smooth", reason="not_ready") == 1
+    )
+
+
+async def test_a_request_refused_before_its_model_is_known_is_labelled_unknown(
+    app_client: AppClient,
+) -> None:
+    async with app_client() as (_, client):
+        r = await client.post("/models/smoother/infer", content=b'{"inputs": [[[0.5, oops')
+        assert r.status_code == 400  # invalid JSON
+        text = (await client.get("/metrics")).text
+    count = "rnnserve_request_duration_seconds_count"
+    assert value(text, count, endpoint="infer", model="unknown", code="400") == 1
+    assert value(text, count, endpoint="infer", code="400") == 1  # and under no other label
+
+
+def test_request_ids_are_32_hex_digits_and_differ() -> None:
+    request = SimpleNamespace(headers={})
+    ids = [routes._request_id(request) for _ in range(300)]  # type: ignore[arg-type]
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert len(set(ids)) == 300
+    assert {i[:16] for i in ids} == {routes._ID_PREFIX}  # the process's own prefix

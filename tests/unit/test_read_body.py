@@ -217,3 +217,26 @@ def test_unless_disconnected_ends_the_work_that_lost(
         return work
 
     assert asyncio.run(asyncio.wait_for(main(), 5)).cancelled()
+
+
+_LONG = "-" + "9" * 39  # a negative number, too long to quote whole
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ("abc", "'abc'"),
+        ("0", "'0'"),
+        ("-1.5", "'-1.5'"),
+        ("nan", "'nan'"),
+        (_LONG, repr(_LONG[:32])),
+    ],
+)
+def test_a_timeout_header_that_is_not_a_positive_number_is_refused(given: str, shown: str) -> None:
+    request = _headers_request({routes.TIMEOUT_HEADER: given})
+    with pytest.raises(RequestError) as err:
+        routes._deadline(request, 100.0, 5.0)
+    assert (err.value.status, err.value.type) == (400, "invalid_header")
+    assert err.value.message == (
+        f"{routes.TIMEOUT_HEADER} must be a positive number of seconds, not {shown}"
+    )
