@@ -369,3 +369,57 @@ def test_a_long_json_number_past_float32_is_refused_without_a_warning() -> None:
         422, "non_finite", "sequence 0, step 1, feature 1: value is outside float32's range",
         ("sequences", 0, 1, 1),
     )  # fmt: skip
+
+
+# --- the JSON fast path's own room and its float32 overflow (session 5's run of _decode_json) ---
+
+
+def _json_fast(body: bytes, limits: Limits, width: int = 1) -> Any:
+    decoded = wire.decode(body, "application/json", "sequences", limits)
+    assert decoded is not None, "the fast path declined the body"
+    return decoded.sequences(width, "m")
+
+
+@pytest.mark.parametrize("n", [5, 6])
+def test_the_fast_path_counts_sequences_to_one_past_the_limit_itself(n: int) -> None:
+    # room for the limit and one more: the fast path itself refuses a body with one too many
+    body = orjson.dumps({"sequences": [[[1.0]]] * n})
+    limits = Limits(max_sequences=5, max_sequence_length=10, max_timesteps=100)
+    if n == 5:
+        assert _json_fast(body, limits).lengths.tolist() == [1] * 5
+    else:
+        with pytest.raises(RequestError) as err:
+            _json_fast(body, limits)
+        assert (err.value.status, err.value.type) == (413, "too_many_sequences")
+
+
+def test_the_fast_path_has_room_for_the_densest_body() -> None:
+    # "[[1]]," is the fewest bytes a sequence takes: 6
+    n = 3000
+    body = b'{"sequences":[' + b",".join([b"[[1]]"] * n) + b"]}"
+    out = _json_fast(body, Limits(max_sequences=n, max_sequence_length=10, max_timesteps=n))
+    assert out.lengths.tolist() == [1] * n
+    assert out.data.tolist() == [[1.0]] * n
+
+
+# 21 significant digits: past what the compiled parser takes, so float() reads it
+SLOW_OVERFLOW = b"9.99999999999999999999e38"
+
+
+def test_a_slow_number_past_float32s_range_is_refused_without_a_warning() -> None:
+    body = b'{"sequences": [[[0.5], [' + SLOW_OVERFLOW + b"]]]}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow warning would be an error here
+        with pytest.raises(RequestError) as err:
+            _json_fast(body, LIMITS)
+    assert (err.value.status, err.value.type) == (422, "non_finite")
+    assert err.value.loc == ("sequences", 0, 1, 0)
+
+
+def test_the_first_value_out_of_range_is_reported_when_it_comes_first() -> None:
+    # the compiled parser finds the first (index 0), float() a later one: the first is named
+    body = b'{"sequences": [[[1e39], [0.5], [' + SLOW_OVERFLOW + b"]]]}"
+    with pytest.raises(RequestError) as err:
+        _json_fast(body, LIMITS)
+    assert err.value.loc == ("sequences", 0, 0, 0)
+    assert err.value.message.startswith("sequence 0, step 0, feature 0: ")
