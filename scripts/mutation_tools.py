@@ -31,14 +31,16 @@ CAUGHT = {"killed", "timeout", "caught by type check", "segfault"}
 NAME = re.compile(r"[\w.ǁ]+__mutmut_\d+")
 
 
-COMPILER = re.compile(r"(?<![A-Za-z0-9])(njit|jit|script)\b")
+COMPILER = re.compile(r"(?<![A-Za-z0-9])(njit|jit|script|intrinsic)\b")
 
 
 def compiled_functions(tree: ast.Module) -> set[str]:
     """Names of plain functions handed to a compiler: ``numba.njit(...)(f)``, ``njit(f)``,
-    ``torch.jit.script(f)``, or a module's own wrapper such as ``_jit(f, **options)``. mutmut
-    swaps each function for a Python trampoline, which numba and TorchScript cannot compile,
-    so such functions cannot be mutated this way."""
+    ``torch.jit.script(f)``, a module's own wrapper such as ``_jit(f, **options)``, or numba's
+    ``intrinsic(f)``. mutmut swaps each function for a Python trampoline, which numba and
+    TorchScript cannot compile; an intrinsic's typing and code generation run inside numba's
+    compiler while the functions that use it compile (in the fork server, before a mutant is
+    chosen, or not at all when numba's disk cache has them), so no mutant of it would run."""
     names = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or len(node.args) != 1:

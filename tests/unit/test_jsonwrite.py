@@ -258,3 +258,21 @@ def test_jit_options_and_its_fallback_without_a_cache_location() -> None:
     assert type(uncached._cache).__name__ == "NullCache"
     assert uncached(41) == 42
     assert cached(14) == 42
+
+
+def test_warm_up_runs_the_compiled_writer_not_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+    real = jsonwrite._write_body
+
+    def spy(data: np.ndarray, lengths: np.ndarray, head: np.ndarray, buf: np.ndarray) -> int:
+        calls.append((data.dtype, data.shape, lengths.dtype, lengths.tolist()))
+        end: int = real(data, lengths, head, buf)
+        return end
+
+    def no_fallback(*args: Any) -> bytes:
+        raise AssertionError("warm_up fell back to orjson: the compiled writer stayed cold")
+
+    monkeypatch.setattr(jsonwrite, "_write_body", spy)
+    monkeypatch.setattr(jsonwrite, "_orjson", no_fallback)
+    jsonwrite.warm_up()
+    assert calls == [(np.float32, (2, 2), np.int64, [1, 1])]
