@@ -214,3 +214,44 @@ def test_request_ids_are_32_hex_digits_and_differ() -> None:
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
     assert len(set(ids)) == 300
     assert {i[:16] for i in ids} == {routes._ID_PREFIX}  # the process's own prefix
+
+
+SMOOTH_BODY = {"inputs": [[[0.5] * 16, [0.25] * 16]]}
+
+
+async def test_the_model_named_in_the_path(app_client: AppClient) -> None:
+    async with app_client() as (_, client):
+        plain = await client.post("/models/smoother/infer", json=SMOOTH_BODY)
+        same = await client.post(
+            "/models/smoother/infer", json={**SMOOTH_BODY, "model": "smoother"}
+        )
+        other = await client.post(
+            "/models/smoother/infer", json={**SMOOTH_BODY, "model": "traveller"}
+        )
+        long_name = "x" * 70
+        longer = await client.post(
+            f"/models/{'y' * 70}/infer", json={**SMOOTH_BODY, "model": long_name}
+        )
+        unknown = await client.post("/models/nope/infer", json=SMOOTH_BODY)
+        unknown_in_body = await client.post(
+            "/smooth", json={"sequences": [[[0.5] * 16]], "model": "nope"}
+        )
+    assert plain.status_code == same.status_code == 200
+    assert plain.json()["model"] == same.json()["model"] == "smoother"
+    assert plain.json()["outputs"] == same.json()["outputs"]
+    assert other.status_code == 422
+    assert other.json() == {
+        "detail": "the body names model 'traveller' but the path names 'smoother'; "
+        "leave 'model' out of the body",
+        "type": "invalid_request",
+        "loc": ["model"],
+    }
+    assert longer.status_code == 422
+    assert longer.json()["detail"] == (
+        f"the body names model '{'x' * 64}' but the path names '{'y' * 64}'; "
+        "leave 'model' out of the body"
+    )
+    assert unknown.status_code == 404
+    assert (unknown.json()["type"], unknown.json()["loc"]) == ("unknown_model", ["path", "name"])
+    assert unknown_in_body.status_code == 404
+    assert unknown_in_body.json()["loc"] == ["model"]
