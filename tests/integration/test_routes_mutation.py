@@ -236,6 +236,7 @@ async def test_the_model_named_in_the_path(app_client: AppClient) -> None:
         unknown_in_body = await client.post(
             "/smooth", json={"sequences": [[[0.5] * 16]], "model": "nope"}
         )
+        text = (await client.get("/metrics")).text
     assert plain.status_code == same.status_code == 200
     assert plain.json()["model"] == same.json()["model"] == "smoother"
     assert plain.json()["outputs"] == same.json()["outputs"]
@@ -255,3 +256,8 @@ async def test_the_model_named_in_the_path(app_client: AppClient) -> None:
     assert (unknown.json()["type"], unknown.json()["loc"]) == ("unknown_model", ["path", "name"])
     assert unknown_in_body.status_code == 404
     assert unknown_in_body.json()["loc"] == ["model"]
+    # an unknown model is counted as "unknown", not under the client's text (labels stay few)
+    count = "rnnserve_request_duration_seconds_count"
+    assert value(text, count, endpoint="smooth", model="unknown", code="404") == 1
+    assert value(text, count, endpoint="infer", model="unknown", code="404") == 1
+    assert value(text, count, code="404") == 2
