@@ -168,6 +168,7 @@ def test_the_deadline(default_s: float, header: str | None, due: float) -> None:
 
 
 def _receiving(messages: list[dict[str, Any]]) -> tuple[Request, list[int]]:
+    messages = list(messages)  # the caller's list (a test parameter) is left as it was
     calls = [0]
 
     async def receive() -> dict[str, Any]:
