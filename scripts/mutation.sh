@@ -51,12 +51,12 @@ tests_for() {
                           tests/unit/test_finite_check.py tests/integration/test_binary.py ;;
     # the API and binary tests, then the ones written against routes.py's survivors, the body
     # reader, streaming (_ndjson; test_ndjson.py drives it directly), the fast path (serve_inference) and reliability (error_response,
-    # _overloaded, deadlines, disconnects)
+    # _overloaded, deadlines, disconnects), and models of other kinds (/models/{name}/infer)
     service/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py \
                             tests/integration/test_routes_mutation.py tests/unit/test_read_body.py \
                             tests/integration/test_streaming.py tests/integration/test_fast_path.py \
                             tests/unit/test_reliability.py tests/integration/test_reliability.py \
-                            tests/unit/test_ndjson.py ;;
+                            tests/unit/test_ndjson.py tests/integration/test_own_models.py ;;
     service/jsonwrite.py) echo tests/unit/test_jsonwrite.py ;;
     models/packing.py) echo tests/unit/test_packing.py tests/unit/test_smoothing.py \
                             tests/unit/test_traveller.py ;;
