@@ -50,8 +50,9 @@ tests_for() {
     service/wire.py) echo tests/unit/test_wire.py tests/unit/test_wire_mutation.py \
                           tests/unit/test_finite_check.py tests/integration/test_binary.py ;;
     # the API and binary tests, then the ones written against routes.py's survivors, the body
-    # reader, streaming (_ndjson; test_ndjson.py drives it directly), the fast path (serve_inference) and reliability (error_response,
-    # _overloaded, deadlines, disconnects), and models of other kinds (/models/{name}/infer)
+    # reader, streaming (_ndjson; test_ndjson.py drives it directly), the fast path
+    # (serve_inference), reliability (error_response, _overloaded, deadlines, disconnects), and
+    # models of other kinds (/models/{name}/infer)
     service/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py \
                             tests/integration/test_routes_mutation.py tests/unit/test_read_body.py \
                             tests/integration/test_streaming.py tests/integration/test_fast_path.py \
