@@ -7,6 +7,7 @@ patterns is scripts/check_jsonwrite.py (minutes); these are the fast ones.
 
 from __future__ import annotations
 
+import threading
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -257,6 +259,9 @@ def test_jit_options_and_its_fallback_without_a_cache_location() -> None:
     assert uncached.targetoptions == options
     assert type(uncached._cache).__name__ == "NullCache"
     assert uncached(41) == 42
+    inlined_uncached = jsonwrite._jit(scope["plus_one"], inline="always")  # options kept
+    assert inlined_uncached.targetoptions == {**options, "inline": "always"}
+    assert type(inlined_uncached._cache).__name__ == "NullCache"
     assert cached(14) == 42
 
 
@@ -276,3 +281,144 @@ def test_warm_up_runs_the_compiled_writer_not_the_fallback(monkeypatch: pytest.M
     monkeypatch.setattr(jsonwrite, "_orjson", no_fallback)
     jsonwrite.warm_up()
     assert calls == [(np.float32, (2, 2), np.int64, [1, 1])]
+
+
+# --- what sequences_json and floats_json do around the compiled writer: which inputs go to
+# orjson, the header cache, the per-thread buffer, and the room they give the writer ---
+
+# float32s whose text is among the longest (16 characters; the writer allows 18 per number)
+LONG = f32_bits(0xB725CA13, 0xB725CA1E, 0xB725CA29)
+
+
+def test_floats_json_of_short_lists_and_of_inputs_read_as_float32() -> None:
+    assert floats_json(np.array([], np.float32)) == b"[]"
+    for n in range(1, 4):
+        values = LONG[:n]
+        assert floats_json(values) == orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)
+    # the values are taken as float32 (np.ascontiguousarray(values, np.float32))
+    for values in ([0.1, -2.5, 1e-7], np.array([0.1, -2.5, 1e-7]), EDGES[::3]):
+        want = np.array(values, np.float32)
+        assert floats_json(values) == orjson.dumps(want, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def outcome(call: Any) -> tuple[Any, ...]:
+    try:
+        return ("bytes", call())
+    except Exception as error:  # the error itself is compared
+        return (type(error), str(error))
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [np.array([1.0, 1.0]), np.array([[1, 1]]), torch.tensor([1, 1]), [1, 1]],
+    ids=["float", "2-D", "tensor", "list"],
+)
+@pytest.mark.filterwarnings("ignore:__array_wrap__ must accept context:DeprecationWarning")
+def test_lengths_that_are_not_a_1d_integer_array_get_the_orjson_answer(lengths: Any) -> None:
+    data = np.array([[0.5, -0.25], [1.0, 2.0]], np.float32)
+
+    def want() -> bytes:
+        seqs = list(FlatSequences(data, lengths))
+        return orjson.dumps({"model": "m", "s": seqs}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    assert outcome(lambda: sequences_json("m", "s", data, lengths)) == outcome(want)
+
+
+def test_a_header_is_kept_by_its_names_and_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsonwrite, "_headers", {})
+    data = np.array([[0.5]], np.float32)
+    check(data, [1], model="a", field="b")
+    head = jsonwrite._headers["a", "b"]
+    assert head.tobytes() == b'{"model":"a","b":['
+    check(data, [1], model="a", field="b")
+    assert jsonwrite._headers == {("a", "b"): head}
+    assert jsonwrite._headers["a", "b"] is head  # the same header, not a new one
+
+
+def test_a_model_that_is_not_a_string_is_written_but_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(jsonwrite, "_headers", {})
+    data = np.array([[0.5]], np.float32)
+    lengths = np.array([1])
+    # 1, True and 1.0 are equal keys, written differently; lists and dicts are not hashable
+    for model in (1, True, 1.0, None, [1, 2], {"k": "v"}):
+        got = sequences_json(model, "s", data, lengths)  # type: ignore[arg-type]
+        assert got == reference(model, "s", data, lengths)  # type: ignore[arg-type]
+    assert jsonwrite._headers == {}
+
+
+def test_the_header_cache_is_cleared_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsonwrite, "_headers", {})
+    data = np.array([[0.5]], np.float32)
+    lengths = np.array([1])
+    for i in range(jsonwrite._HEADERS_MAX + 1):
+        sequences_json(f"m{i}", "s", data, lengths)
+        assert len(jsonwrite._headers) == i % jsonwrite._HEADERS_MAX + 1
+    check(data, [1], model=f"m{jsonwrite._HEADERS_MAX}", field="s")
+
+
+def test_each_thread_keeps_its_own_buffer() -> None:
+    data = np.array([[0.5, -0.25]], np.float32)
+    check(data, [1])
+    buf = jsonwrite._scratch.buf
+    assert buf.shape == (jsonwrite._SCRATCH_MAX,)
+    check(data, [1])
+    assert jsonwrite._scratch.buf is buf
+    theirs: list[Any] = []
+
+    def other() -> None:
+        check(data, [1])
+        theirs.append(jsonwrite._scratch.buf)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert len(theirs) == 1
+    assert theirs[0] is not buf
+    assert jsonwrite._scratch.buf is buf
+
+
+def write_in_a_guarded_thread(bodies: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
+    """sequences_json("m", "sequences", data, lengths) for each body, in a new thread whose
+    buffer is followed by guard bytes, which must be left as they were."""
+    limit = jsonwrite._SCRATCH_MAX
+    got: list[bytes] = []
+    guard: list[np.ndarray] = []
+
+    def write() -> None:
+        guarded = np.full(limit + 4096, 0xA5, np.uint8)
+        jsonwrite._scratch.buf = guarded[:limit]
+        for data, lengths in bodies:
+            got.append(sequences_json("m", "sequences", data, lengths))
+        guard.append(guarded[limit:])
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    thread.join()
+    assert len(got) == len(bodies)
+    assert (guard[0] == 0xA5).all()  # nothing written past the buffer
+    return got
+
+
+def test_a_body_of_the_longest_numbers_just_over_the_thread_buffer() -> None:
+    rows = jsonwrite._SCRATCH_MAX // (16 * 17 + 2) + 1  # rows of 16 numbers of 16 characters
+    data = np.resize(LONG, (rows, 16))
+    (got,) = write_in_a_guarded_thread([(data, np.array([rows]))])
+    assert got == reference("m", "sequences", data, np.array([rows]))
+    assert jsonwrite._SCRATCH_MAX < len(got) < jsonwrite._SCRATCH_MAX + 1000
+
+
+def test_bodies_of_empty_sequences_at_the_edge_of_the_thread_buffer() -> None:
+    # empty sequences ("[]," each) make the densest bodies for the room asked: bodies from just
+    # under to just over _SCRATCH_MAX bytes
+    limit = jsonwrite._SCRATCH_MAX
+    data = np.empty((0, 2), np.float32)
+    head = len(orjson.dumps({"model": "m", "sequences": []})) - 2  # {"model":"m","sequences":[
+    first = (limit - 36 - head) // 3
+    counts = range(first, first + 17, 2)
+    got = write_in_a_guarded_thread([(data, np.zeros(n, np.int64)) for n in counts])
+    for n, body in zip(counts, got, strict=True):
+        assert body == orjson.dumps({"model": "m", "sequences": [[]] * n}), n
+    assert len(got[0]) < limit - 32
+    assert len(got[-1]) > limit + 8
