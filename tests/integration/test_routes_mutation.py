@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
+from safetensors.numpy import save
 
 from service import routes, wire
 from service.routes import BuffersResponse, InferRequest, json_response
@@ -261,3 +262,38 @@ async def test_the_model_named_in_the_path(app_client: AppClient) -> None:
     assert value(text, count, endpoint="smooth", model="unknown", code="404") == 1
     assert value(text, count, endpoint="infer", model="unknown", code="404") == 1
     assert value(text, count, code="404") == 2
+
+
+async def test_wrong_kind_ragged_rows_and_a_nan_for_a_model_that_does_not_check(
+    app_client: AppClient,
+) -> None:
+    nan_inputs = np.zeros((3, 6), np.float32)
+    nan_inputs[2, 4] = np.nan  # sequence 1, step 0
+    binary = save({"inputs": nan_inputs, "lengths": np.array([2, 1], np.int64)})
+    async with app_client() as (_, client):
+        kind = await client.post(
+            "/smooth", json={"sequences": [[[0.5] * 16]], "model": "traveller"}
+        )
+        # rows of different widths: the fast path leaves the body to the precise parser
+        ragged = await client.post("/smooth", json={"sequences": [[[0.5] * 16, [0.5] * 15]]})
+        nan = await client.post(
+            "/rollout", content=binary, headers={"content-type": wire.SAFETENSORS}
+        )
+    assert kind.status_code == 422
+    assert kind.json() == {
+        "detail": "model 'traveller' is a traveller model; send it to POST /rollout",
+        "type": "wrong_model_kind",
+        "loc": ["model"],
+    }
+    assert ragged.status_code == 422
+    assert (ragged.json()["type"], ragged.json()["loc"]) == (
+        "wrong_feature_count",
+        ["sequences", 0, 1],
+    )
+    # the Traveller does not look for NaN in its inputs: the route checks them for it
+    assert nan.status_code == 422
+    assert nan.json() == {
+        "detail": "sequence 1, step 0, feature 4: value is not a finite number",
+        "type": "non_finite",
+        "loc": ["inputs", 1, 0, 4],
+    }
