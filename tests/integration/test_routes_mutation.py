@@ -296,3 +296,30 @@ async def test_wrong_kind_ragged_rows_and_a_nan_for_a_model_that_does_not_check(
         "type": "non_finite",
         "loc": ["inputs", 1, 0, 4],
     }
+
+
+async def test_a_rollout_without_an_accept_header_is_answered_in_json(
+    app_client: AppClient,
+) -> None:
+    # a raw HTTP client need not send Accept (httpx always does)
+    body = orjson.dumps({"inputs": [[[0.1] * 6, [0.2] * 6]]})
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(30)
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    async with app_client() as (app, client):
+        await asyncio.wait_for(app(_scope("/rollout"), receive, send), 30)
+        want = await client.post("/rollout", content=body)
+    assert sent[0]["status"] == 200
+    assert dict(sent[0]["headers"])[b"content-type"] == b"application/json"
+    assert orjson.loads(sent[1]["body"]) == want.json()

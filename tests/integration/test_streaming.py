@@ -13,6 +13,10 @@ from tests.integration.conftest import AppClient
 from tests.metrics import value
 
 NDJSON = "application/x-ndjson"
+STREAM_REFUSAL = (
+    "model 'traveller' cannot stream: streaming needs a Traveller with continuous rollout "
+    "scheduling"
+)
 
 
 async def asgi_call(
@@ -87,7 +91,7 @@ async def test_streaming_needs_continuous_scheduling(app_client: AppClient) -> N
             "/rollout", json={"inputs": [[[0.0] * 6]]}, headers={"accept": NDJSON}
         )
     assert r.status_code == 422
-    assert r.json()["type"] == "cannot_stream"
+    assert r.json() == {"detail": STREAM_REFUSAL, "type": "cannot_stream", "loc": ["model"]}
 
 
 async def test_a_client_that_goes_away_stops_its_rollout(app_client: AppClient) -> None:
