@@ -19,7 +19,10 @@ from prometheus_client import CollectorRegistry, Gauge
 from safetensors.numpy import save
 
 from service import routes, wire
+from service.batching import BatcherClosed, QueueFull
 from service.routes import BuffersResponse, InferRequest, json_response
+from service.runtime import NonFiniteInput
+from service.transport import EngineUnavailable
 from service.validation import RequestError
 from tests.integration.conftest import AppClient
 from tests.metrics import value
@@ -323,3 +326,64 @@ async def test_a_rollout_without_an_accept_header_is_answered_in_json(
     assert sent[0]["status"] == 200
     assert dict(sent[0]["headers"])[b"content-type"] == b"application/json"
     assert orjson.loads(sent[1]["body"]) == want.json()
+
+
+@pytest.mark.parametrize(
+    ("failure", "status", "kind", "detail"),
+    [
+        (QueueFull("the queue holds 3 requests"), 503, "queue_full", "the queue holds 3 requests"),
+        (BatcherClosed("batcher is closed"), 503, "shutting_down", "batcher is closed"),
+        (EngineUnavailable("engine went away"), 503, "engine_unavailable", "engine went away"),
+        (MemoryError(), 503, "out_of_memory", "the model ran out of memory on this request (r-1)"),
+        (
+            RuntimeError("boom"),
+            500,
+            "internal",
+            "internal server error; see the server log (request r-1)",
+        ),
+    ],
+)
+async def test_each_failure_of_the_model_call_gets_its_answer(
+    app_client: AppClient,
+    failure: Exception,
+    status: int,
+    kind: str,
+    detail: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def infer(name: str, sequences: Any) -> Any:
+        raise failure
+
+    async with app_client() as (app, client):
+        app.state.runtime.infer = infer
+        r = await client.post(
+            "/smooth", json={"sequences": [[[0.5] * 16]]}, headers={"x-request-id": "r-1"}
+        )
+        text = (await client.get("/metrics")).text
+    assert r.status_code == status
+    assert r.json() == {"detail": detail, "type": kind, "loc": []}
+    assert r.headers["x-request-id"] == "r-1"
+    assert r.headers.get("retry-after") == ("1" if status == 503 else None)
+    rejected = value(text, "rnnserve_requests_rejected_total", endpoint="smooth", reason=kind)
+    assert rejected == (1 if status == 503 else 0)
+    count = "rnnserve_request_duration_seconds_count"
+    assert value(text, count, endpoint="smooth", model="smoother", code=str(status)) == 1
+    failed = [rec for rec in caplog.records if "smooth failed (request r-1)" in rec.getMessage()]
+    assert len(failed) == (1 if status == 500 else 0)
+
+
+async def test_a_non_finite_value_the_model_found_is_located(app_client: AppClient) -> None:
+    async def infer(name: str, sequences: Any) -> Any:
+        raise NonFiniteInput(1)
+
+    body = orjson.dumps({"sequences": [[[0.5] * 16], [[0.25] * 16, [0.5] * 16]]})
+    async with app_client() as (app, client):
+        app.state.runtime.infer = infer
+        r = await client.post("/smooth", content=body)
+    # the model's word is checked against the data: here every value is finite
+    assert r.status_code == 422
+    assert r.json() == {
+        "detail": "'sequences' holds a value that is not finite",
+        "type": "non_finite",
+        "loc": ["sequences"],
+    }
