@@ -8,6 +8,8 @@ picks a mutant: it is called here so that its own code is judged.
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections.abc import MutableMapping
 from types import SimpleNamespace
 from typing import Any
@@ -387,3 +389,97 @@ async def test_a_non_finite_value_the_model_found_is_located(app_client: AppClie
         "type": "non_finite",
         "loc": ["sequences"],
     }
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "answered"),
+    [
+        (422, "a_parsers_own_kind", "invalid_request"),  # undocumented kinds: the few documented
+        (409, "another_kind", "http_error"),
+        (422, "wrong_shape", "wrong_shape"),  # a documented kind is kept
+        (503, "overloaded", "overloaded"),
+    ],
+)
+async def test_a_request_error_is_answered_with_a_documented_type(
+    app_client: AppClient, status: int, kind: str, answered: str
+) -> None:
+    failure = RequestError(status, kind, "what went wrong", ("sequences", 0))
+
+    async def infer(name: str, sequences: Any) -> Any:
+        raise failure
+
+    async with app_client() as (app, client):
+        app.state.runtime.infer = infer
+        r = await client.post("/smooth", json={"sequences": [[[0.5] * 16]]})
+        text = (await client.get("/metrics")).text
+    assert r.status_code == status
+    assert r.json() == {**failure.body(), "type": answered}
+    assert r.headers.get("retry-after") == ("1" if status == 503 else None)
+    rejected = "rnnserve_requests_rejected_total"
+    assert value(text, rejected, endpoint="smooth", reason=answered) == 1
+    assert value(text, rejected, reason=kind) == (1 if kind == answered else 0)
+
+
+async def test_a_request_past_its_deadline_while_it_runs_gets_504(app_client: AppClient) -> None:
+    async def infer(name: str, sequences: Any) -> Any:
+        await asyncio.sleep(30)
+
+    async with app_client() as (app, client):
+        app.state.runtime.infer = infer
+        started = time.perf_counter()
+        r = await client.post(
+            "/smooth", json={"sequences": [[[0.5] * 16]]}, headers={"x-request-timeout": "0.2"}
+        )
+        took = time.perf_counter() - started
+        text = (await client.get("/metrics")).text
+    assert r.status_code == 504
+    err = r.json()
+    assert (err["type"], err["loc"]) == ("deadline_exceeded", [])
+    found = re.fullmatch(
+        r"the request's deadline passed after (\d+\.\d{3}) s; it was dropped", err["detail"]
+    )
+    assert found is not None, err["detail"]
+    assert 0.2 <= float(found[1]) <= took  # the time it waited, not a clock reading
+    assert value(text, "rnnserve_requests_expired_total", endpoint="smooth") == 1
+    count = "rnnserve_request_duration_seconds_count"
+    assert value(text, count, endpoint="smooth", model="smoother", code="504") == 1
+
+
+async def test_a_client_that_leaves_while_its_request_runs_is_counted_499(
+    app_client: AppClient,
+) -> None:
+    body = orjson.dumps({"sequences": [[[0.5] * 16]]})
+    sent: list[dict[str, Any]] = []
+    delivered = False
+    ran: list[bool] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(0.05)
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    async def infer(name: str, sequences: Any) -> Any:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            ran.append(True)  # cancelled: the request left the model's queue
+
+    async with app_client() as (app, client):
+        app.state.runtime.infer = infer
+        scope = {**_scope("/smooth"), "headers": [(b"x-request-id", b"gone-1")]}
+        await asyncio.wait_for(app(scope, receive, send), 10)
+        text = (await client.get("/metrics")).text
+        assert app.state.byte_budget.used == 0  # its body's bytes given back
+    assert ran == [True]
+    assert sent[0]["status"] == 499
+    assert dict(sent[0]["headers"])[b"x-request-id"] == b"gone-1"
+    assert value(text, "rnnserve_requests_cancelled_total", endpoint="smooth") == 1
+    count = "rnnserve_request_duration_seconds_count"
+    assert value(text, count, endpoint="smooth", model="smoother", code="499") == 1
+    assert value(text, "rnnserve_requests_in_flight", endpoint="smooth") == 0
