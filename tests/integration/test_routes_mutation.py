@@ -483,3 +483,23 @@ async def test_a_client_that_leaves_while_its_request_runs_is_counted_499(
     count = "rnnserve_request_duration_seconds_count"
     assert value(text, count, endpoint="smooth", model="smoother", code="499") == 1
     assert value(text, "rnnserve_requests_in_flight", endpoint="smooth") == 0
+
+
+async def test_no_bearer_token_is_refused_whatever_the_token(app_client: AppClient) -> None:
+    # with no Authorization header nothing is compared as if it were a token
+    async with app_client(api_token="XXXX") as (_, client):
+        bare = await client.post("/smooth", json={"sequences": [[[0.5] * 16]]})
+        empty = await client.post(
+            "/smooth", json={"sequences": [[[0.5] * 16]]}, headers={"Authorization": "Bearer "}
+        )
+        good = await client.post(
+            "/smooth", json={"sequences": [[[0.5] * 16]]}, headers={"Authorization": "Bearer XXXX"}
+        )
+    assert bare.status_code == 401
+    assert bare.json() == {
+        "detail": "this endpoint needs a bearer token; got no bearer token",
+        "type": "unauthorized",
+        "loc": [],
+    }
+    assert empty.status_code == 401
+    assert good.status_code == 200
