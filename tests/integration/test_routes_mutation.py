@@ -428,11 +428,14 @@ async def test_a_request_past_its_deadline_while_it_runs_gets_504(app_client: Ap
         app.state.runtime.infer = infer
         started = time.perf_counter()
         r = await client.post(
-            "/smooth", json={"sequences": [[[0.5] * 16]]}, headers={"x-request-timeout": "0.2"}
+            "/smooth",
+            json={"sequences": [[[0.5] * 16]]},
+            headers={"x-request-timeout": "0.2", "x-request-id": "late-1"},
         )
         took = time.perf_counter() - started
         text = (await client.get("/metrics")).text
     assert r.status_code == 504
+    assert r.headers["x-request-id"] == "late-1"
     err = r.json()
     assert (err["type"], err["loc"]) == ("deadline_exceeded", [])
     found = re.fullmatch(
@@ -503,3 +506,28 @@ async def test_no_bearer_token_is_refused_whatever_the_token(app_client: AppClie
     }
     assert empty.status_code == 401
     assert good.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "taken"),
+    [("/models/x/infer", True), ("/models//infer", False), ("/models/a/b/infer", False)],
+)
+async def test_the_fast_path_takes_every_model_name_of_one_segment(
+    app_client: AppClient, path: str, taken: bool
+) -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b'{"inputs": [[[0.5]]]}', "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    async with app_client() as (app, _):
+        scope = {**_scope(path), "app": app}
+        assert await routes.serve_inference(scope, receive, send) is taken
+    if taken:  # a one-letter model name that is not served: answered here, 404
+        assert sent[0]["status"] == 404
+        assert orjson.loads(sent[1]["body"])["loc"] == ["path", "name"]
+    else:
+        assert sent == []
