@@ -150,6 +150,30 @@ def _scope(path: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def _raw_call(
+    app: Any, path: str, body: bytes, gone_after: float, headers: list[tuple[bytes, bytes]]
+) -> list[dict[str, Any]]:
+    """One ASGI request whose body arrives whole and whose client leaves ``gone_after`` seconds
+    later; what the app sent."""
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(gone_after)
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    scope = {**_scope(path), "headers": headers}
+    await asyncio.wait_for(app(scope, receive, send), 30)
+    return sent
+
+
 async def test_a_body_that_stops_arriving_is_answered_408_at_the_setting(
     app_client: AppClient,
 ) -> None:
@@ -308,22 +332,8 @@ async def test_a_rollout_without_an_accept_header_is_answered_in_json(
 ) -> None:
     # a raw HTTP client need not send Accept (httpx always does)
     body = orjson.dumps({"inputs": [[[0.1] * 6, [0.2] * 6]]})
-    sent: list[dict[str, Any]] = []
-    delivered = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.sleep(30)
-        return {"type": "http.disconnect"}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        sent.append(dict(message))
-
     async with app_client() as (app, client):
-        await asyncio.wait_for(app(_scope("/rollout"), receive, send), 30)
+        sent = await _raw_call(app, "/rollout", body, 30.0, [])
         want = await client.post("/rollout", content=body)
     assert sent[0]["status"] == 200
     assert dict(sent[0]["headers"])[b"content-type"] == b"application/json"
@@ -452,20 +462,7 @@ async def test_a_client_that_leaves_while_its_request_runs_is_counted_499(
     app_client: AppClient,
 ) -> None:
     body = orjson.dumps({"sequences": [[[0.5] * 16]]})
-    sent: list[dict[str, Any]] = []
-    delivered = False
     ran: list[bool] = []
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.sleep(0.05)
-        return {"type": "http.disconnect"}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        sent.append(dict(message))
 
     async def infer(name: str, sequences: Any) -> Any:
         try:
@@ -475,8 +472,7 @@ async def test_a_client_that_leaves_while_its_request_runs_is_counted_499(
 
     async with app_client() as (app, client):
         app.state.runtime.infer = infer
-        scope = {**_scope("/smooth"), "headers": [(b"x-request-id", b"gone-1")]}
-        await asyncio.wait_for(app(scope, receive, send), 10)
+        sent = await _raw_call(app, "/smooth", body, 0.05, [(b"x-request-id", b"gone-1")])
         text = (await client.get("/metrics")).text
         assert app.state.byte_budget.used == 0  # its body's bytes given back
     assert ran == [True]
