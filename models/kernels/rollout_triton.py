@@ -457,6 +457,7 @@ class TritonRollout:
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         sizes = _check_sizes(batch_sizes, u)
         shape = self._shape(u, sizes[0], w_cat, bias, w_out, b_out)
+        _refuse_capture(shape.device)
         batch, steps = sizes[0], len(sizes)
         for name, state, want in (
             ("h0", h0, (shape.layers, batch, shape.hidden)),
@@ -508,6 +509,7 @@ class TritonRollout:
         if dev.type == "cuda" and dev.index is None:  # as the tensors' devices will say
             dev = torch.device("cuda", torch.cuda.current_device())
         shape = _Shape(bucket_rows(batch), layers, hidden, num_inputs, dtype, dev)
+        _refuse_capture(dev)
         with _on(dev):
             ws = self.workspace(shape)
             with ws.lock:
@@ -649,6 +651,20 @@ class TritonRollout:
         odd = (lengths % 2 == 1)[None, :, None]
         h = torch.where(odd, ws.h[1, :, :batch], ws.h[0, :, :batch])
         return ws.out[:n_rows].clone(), h, ws.c[:, :batch].clone(), ws.p[:batch].clone()
+
+
+def _refuse_capture(device: torch.device) -> None:
+    """Refuse a call made while the stream is being captured into someone else's CUDA graph.
+
+    The rollout replays CUDA graphs of its own, and a replay cannot be captured into another
+    graph: the call would fail halfway through, with this call's inputs half staged. Refused
+    before anything is touched, so the workspace and its graphs stay as they were.
+    """
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "the triton rollout replays CUDA graphs of its own and cannot be captured into "
+            "another CUDA graph; call it outside torch.cuda.graph (it needs no outer graph)"
+        )
 
 
 def check_device(device: torch.device) -> None:

@@ -63,13 +63,13 @@ def _jit(fn: Callable[..., Any]) -> Any:
 
 
 @_jit
-def _combine(a1: Any, b1: Any, a2: Any, b2: Any) -> Any:
+def _combine(a1, b1, a2, b2):  # type: ignore[no-untyped-def]
     # the map (a1, b1) followed by (a2, b2): s -> a2 * (a1 * s + b1) + b2
     return a1 * a2, a2 * b1 + b2
 
 
 @_jit
-def _tanh(z: Any) -> Any:
+def _tanh(z):  # type: ignore[no-untyped-def]
     # tanh from one exp of a non-positive argument (no overflow); libdevice has no interpreter path
     e = tl.exp(-2.0 * tl.abs(z))
     t = (1.0 - e) / (1.0 + e)
@@ -77,9 +77,9 @@ def _tanh(z: Any) -> Any:
 
 
 @_jit
-def _load_tile(
-    ptr: Any, bs_ptr: Any, off_ptr: Any, t: Any, col: Any, n_steps: Any, n_feat: Any
-) -> Any:
+def _load_tile(  # type: ignore[no-untyped-def]
+    ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat
+):
     # t: [CHUNK] steps (may run past either end); col: [BLOCK] flattened (sequence, feature)
     in_range = (t >= 0) & (t < n_steps)
     bs = tl.load(bs_ptr + t, mask=in_range, other=0)
@@ -92,7 +92,7 @@ def _load_tile(
 
 
 @_jit
-def _step_maps(x: Any, active: Any, alpha: Any, t: Any, HAS_INIT: tl.constexpr) -> Any:
+def _step_maps(x, active, alpha, t, HAS_INIT: tl.constexpr):  # type: ignore[no-untyped-def]
     # the affine map s -> a * s + b of each step; the identity where the sequence has ended
     a = tl.where(active, alpha[None, :], 1.0)
     b = tl.where(active, (1.0 - alpha)[None, :] * x, 0.0)
@@ -104,16 +104,16 @@ def _step_maps(x: Any, active: Any, alpha: Any, t: Any, HAS_INIT: tl.constexpr) 
 
 
 @_jit
-def _fwd_chunk_summary(
-    x_ptr: Any,
-    bs_ptr: Any,
-    off_ptr: Any,
-    alpha_ptr: Any,
-    sum_a_ptr: Any,
-    sum_b_ptr: Any,
-    n_steps: Any,
-    n_feat: Any,
-    n_cols: Any,
+def _fwd_chunk_summary(  # type: ignore[no-untyped-def]
+    x_ptr,
+    bs_ptr,
+    off_ptr,
+    alpha_ptr,
+    sum_a_ptr,
+    sum_b_ptr,
+    n_steps,
+    n_feat,
+    n_cols,
     HAS_INIT: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -133,14 +133,14 @@ def _fwd_chunk_summary(
 
 
 @_jit
-def _carry_scan(
-    sum_a_ptr: Any,
-    sum_b_ptr: Any,
-    carry_ptr: Any,
-    init_ptr: Any,
-    final_ptr: Any,
-    n_chunks: Any,
-    n_cols: Any,
+def _carry_scan(  # type: ignore[no-untyped-def]
+    sum_a_ptr,
+    sum_b_ptr,
+    carry_ptr,
+    init_ptr,
+    final_ptr,
+    n_chunks,
+    n_cols,
     REVERSE: tl.constexpr,
     HAS_INIT: tl.constexpr,
     CARRY: tl.constexpr,
@@ -183,18 +183,18 @@ def _carry_scan(
 
 
 @_jit
-def _fwd_replay(
-    x_ptr: Any,
-    bs_ptr: Any,
-    off_ptr: Any,
-    alpha_ptr: Any,
-    wx_ptr: Any,
-    carry_ptr: Any,
-    y_ptr: Any,
-    s_ptr: Any,
-    n_steps: Any,
-    n_feat: Any,
-    n_cols: Any,
+def _fwd_replay(  # type: ignore[no-untyped-def]
+    x_ptr,
+    bs_ptr,
+    off_ptr,
+    alpha_ptr,
+    wx_ptr,
+    carry_ptr,
+    y_ptr,
+    s_ptr,
+    n_steps,
+    n_feat,
+    n_cols,
     HAS_INIT: tl.constexpr,
     STORE_S: tl.constexpr,
     CHUNK: tl.constexpr,
@@ -218,21 +218,21 @@ def _fwd_replay(
 
 
 @_jit
-def _adjoint_maps(
-    s_ptr: Any,
-    gy_ptr: Any,
-    gfin_ptr: Any,
-    bs_ptr: Any,
-    off_ptr: Any,
-    t: Any,
-    col: Any,
-    col_ok: Any,
-    alpha: Any,
-    wx: Any,
-    n_steps: Any,
-    n_feat: Any,
+def _adjoint_maps(  # type: ignore[no-untyped-def]
+    s_ptr,
+    gy_ptr,
+    gfin_ptr,
+    bs_ptr,
+    off_ptr,
+    t,
+    col,
+    col_ok,
+    alpha,
+    wx,
+    n_steps,
+    n_feat,
     HAS_GFIN: tl.constexpr,
-) -> Any:
+):
     # The maps lam_t = ar_t * lam_{t+1} + g_t of the steps t (any order), and what the
     # parameter gradients need: s_t, dL/d(wx * s_t), where (t, j) is a real row, its address.
     s, active, addr = _load_tile(s_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
@@ -250,19 +250,19 @@ def _adjoint_maps(
 
 
 @_jit
-def _bwd_chunk_summary(
-    s_ptr: Any,
-    gy_ptr: Any,
-    gfin_ptr: Any,
-    bs_ptr: Any,
-    off_ptr: Any,
-    alpha_ptr: Any,
-    wx_ptr: Any,
-    sum_a_ptr: Any,
-    sum_b_ptr: Any,
-    n_steps: Any,
-    n_feat: Any,
-    n_cols: Any,
+def _bwd_chunk_summary(  # type: ignore[no-untyped-def]
+    s_ptr,
+    gy_ptr,
+    gfin_ptr,
+    bs_ptr,
+    off_ptr,
+    alpha_ptr,
+    wx_ptr,
+    sum_a_ptr,
+    sum_b_ptr,
+    n_steps,
+    n_feat,
+    n_cols,
     HAS_GFIN: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -297,23 +297,23 @@ def _bwd_chunk_summary(
 
 
 @_jit
-def _bwd_replay(
-    x_ptr: Any,
-    s_ptr: Any,
-    init_ptr: Any,
-    gy_ptr: Any,
-    gfin_ptr: Any,
-    bs_ptr: Any,
-    off_ptr: Any,
-    alpha_ptr: Any,
-    wx_ptr: Any,
-    rcarry_ptr: Any,
-    dx_ptr: Any,
-    dalpha_ptr: Any,
-    dwx_ptr: Any,
-    n_steps: Any,
-    n_feat: Any,
-    n_cols: Any,
+def _bwd_replay(  # type: ignore[no-untyped-def]
+    x_ptr,
+    s_ptr,
+    init_ptr,
+    gy_ptr,
+    gfin_ptr,
+    bs_ptr,
+    off_ptr,
+    alpha_ptr,
+    wx_ptr,
+    rcarry_ptr,
+    dx_ptr,
+    dalpha_ptr,
+    dwx_ptr,
+    n_steps,
+    n_feat,
+    n_cols,
     HAS_INIT: tl.constexpr,
     HAS_GFIN: tl.constexpr,
     CHUNK: tl.constexpr,
