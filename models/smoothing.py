@@ -121,6 +121,27 @@ class LinearRecursion(nn.Module):
             finite[...] = ok
         return out
 
+    def warm_up(self, max_steps: int) -> int:
+        """Compile, now, every Triton kernel variant that batches of up to ``max_steps`` steps
+        will use on this model's CUDA device (the server calls it before its first request).
+
+        Returns the number of tile plans compiled: 0 where the model would not run the Triton
+        kernel (CPU parameters, ``kernel`` other than "auto"/"triton", or no triton).
+        """
+        probe = self.alpha_smooth.detach()
+        if self._pick_kernel(probe, None) != "triton" or probe.device.type != "cuda":
+            return 0
+        from models.kernels.smoother_triton import warm_up
+
+        return warm_up(
+            self.feat_dim,
+            max_steps,
+            self.alpha_smooth,
+            self.wx,
+            device=probe.device,
+            dtype=probe.dtype,
+        )
+
     def _check(self, x: PackedSequence) -> Tensor:
         if not isinstance(x, PackedSequence):
             raise TypeError(

@@ -265,6 +265,18 @@ class ModelRuntime:
                 dtype=next(module.parameters()).dtype,
                 device=self.device,
             )
+        if isinstance(module, LinearRecursion):
+            # every tile plan's kernels (Triton on CUDA; nothing on the CPU): a plan first met
+            # while serving would stall its batch for a compile
+            t0 = time.perf_counter()
+            plans = module.warm_up(self.settings.max_sequence_length)
+            if plans:
+                log.info(
+                    "%s: compiled the Triton smoother's %d tile plans in %.1f s",
+                    name,
+                    plans,
+                    time.perf_counter() - t0,
+                )
         rng = np.random.default_rng(0)
         # a few batches of mixed lengths: compiles numba, lets TorchScript profile and optimise
         for lengths in ((3,), (5, 2), (7, 7, 1), (4,)):

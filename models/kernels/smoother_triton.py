@@ -40,6 +40,7 @@ Importing this module imports triton; :mod:`models.smoothing` does so lazily. Un
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,12 +51,20 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["TilePlan", "plan_tiles", "smooth_packed_triton"]
+__all__ = ["TilePlan", "plan_tiles", "smooth_packed_triton", "tile_plans", "warm_up"]
+
+
+# Integer arguments that change from batch to batch. Triton compiles one variant per value class
+# (1, a multiple of 16, other) of every integer argument unless told not to: three per argument,
+# each a compile of a fraction of a second met in the middle of serving. Not specialising them
+# keeps one binary per tile plan, which :func:`warm_up` compiles before the first request.
+_VARYING = ("n_steps", "n_cols", "n_chunks")
 
 
 def _jit(fn: Callable[..., Any]) -> Any:
     # triton ships no type information; this keeps mypy strict from flagging every kernel
-    return triton.jit(fn)
+    params = inspect.signature(fn).parameters
+    return triton.jit(fn, do_not_specialize=[name for name in _VARYING if name in params])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,13 +448,76 @@ def plan_tiles(
         col_blocks = triton.cdiv(n_cols, block)
         while chunk > 32 and triton.cdiv(n_steps, chunk) * col_blocks < _MIN_PROGRAMS:
             chunk //= 2
-    n_chunks = triton.cdiv(n_steps, chunk)
     carry_block = min(block, 32)
-    carry = carry or min(max(16, _pow2(n_chunks)), _CARRY_TILE // carry_block)
+    # one carry tile per block width, whatever the number of chunks: a trip over fewer chunks
+    # only masks the rest (one program per carry_block columns, microseconds), and a plan that
+    # depended on it would be one more kernel variant to compile
+    carry = carry or _CARRY_TILE // carry_block
     for name, v in (("chunk", chunk), ("block", block), ("carry", carry)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
     return TilePlan(n_steps, n_seqs, n_feat, chunk, block, carry, carry_block)
+
+
+def tile_plans(n_feat: int, max_steps: int) -> list[tuple[int, int, int]]:
+    """Every ``(chunk, block, carry)`` that :func:`plan_tiles` picks for ``n_feat`` features,
+    any number of sequences and 1 to ``max_steps`` steps: the variants to compile in advance.
+
+    ``block`` depends only on the number of columns (128 from 128 columns on, so 1 to 128
+    sequences meet every block), ``carry`` only on ``block``, and for a given number of columns
+    ``chunk`` never falls as the steps grow and moves a power of two at a time, so the plans
+    met are every power of two between the chunks of the shortest and the longest batch.
+    Several column counts give each block; the ones that matter are the fewest and the most
+    columns with it (the fill loop stops sooner with more column blocks).
+    """
+    steps = {1, max_steps}
+    k = 1
+    while k <= max_steps:
+        steps |= {k - 1, k, k + 1}
+        k *= 2
+    steps = {n for n in steps if 1 <= n <= max_steps}
+    extremes: dict[int, list[int]] = {}  # block -> [fewest, most] sequences giving it
+    for n_seqs in range(1, 129):
+        block = plan_tiles(1, n_seqs, n_feat).block
+        extremes.setdefault(block, [n_seqs, n_seqs])[1] = n_seqs
+    if 128 in extremes:  # wider batches add column blocks: the most, a million sequences
+        extremes[128][1] = 1 << 20
+    plans = set()
+    for block, seqs in extremes.items():
+        chunks = [plan_tiles(n, b, n_feat).chunk for b in seqs for n in steps]
+        carry = _CARRY_TILE // min(block, 32)
+        chunk = min(chunks)
+        while chunk <= max(chunks):
+            plans.add((chunk, block, carry))
+            chunk *= 2
+    return sorted(plans, key=lambda p: (p[1], p[0]))
+
+
+@torch.inference_mode()
+def warm_up(
+    n_feat: int,
+    max_steps: int,
+    alpha: Tensor,
+    wx: Tensor,
+    *,
+    device: torch.device | str = "cuda",
+    dtype: torch.dtype = torch.float32,
+) -> int:
+    """Compile every kernel variant a served batch can need (see :func:`tile_plans`) now.
+
+    Each plan runs once on a one-sequence, one-step batch, as serving runs it (no initial state,
+    no gradient): the integer arguments are not specialised on, so that batch compiles the same
+    binaries as any other of the plan. Returns the number of plans run. Triton keeps what it
+    compiles in its cache on disk, so a restart compiles nothing.
+    """
+    data = torch.zeros(1, n_feat, dtype=dtype, device=device)
+    sizes = torch.ones(1, dtype=torch.int64)
+    alpha = alpha.detach().to(device=data.device, dtype=dtype)
+    wx = wx.detach().to(device=data.device, dtype=dtype)
+    plans = tile_plans(n_feat, max_steps)
+    for chunk, block, carry in plans:
+        smooth_packed_triton(data, sizes, alpha, wx, None, chunk=chunk, block=block, carry=carry)
+    return len(plans)
 
 
 def _interpreting() -> bool:

@@ -139,3 +139,31 @@ def test_model_on_cuda_picks_triton_and_keeps_state_order() -> None:
         want, want_final = cpu_model.forward_with_state(packed, state)
     torch.testing.assert_close(out.data.cpu(), want.data, atol=1e-5, rtol=0)
     torch.testing.assert_close(final.cpu(), want_final, atol=1e-5, rtol=0)
+
+
+def _compiled(kernel: object) -> int:
+    """How many binaries of ``kernel`` Triton holds (its per-device kernel caches)."""
+    caches = getattr(kernel, "device_caches", None)
+    if caches is None:
+        pytest.skip("this Triton version keeps its compiled kernels elsewhere")
+    return sum(len(entry[0]) for entry in caches.values())
+
+
+def test_after_warm_up_no_served_batch_compiles_a_kernel() -> None:
+    """The server's start-up compiles every tile plan; batches of any size then compile none
+    (a compile met while serving stalled /smooth batches for up to ~0.6 s on the H200)."""
+    model = LinearRecursion(16).to(CUDA)
+    names = ("_fwd_chunk_summary", "_carry_scan", "_fwd_replay")
+    gen = torch.Generator().manual_seed(11)
+    with torch.inference_mode():
+        assert model.warm_up(4000) == len(triton_mod.tile_plans(16, 4000))
+        before = {name: _compiled(getattr(triton_mod, name)) for name in names}
+        for k in range(40):
+            n_seqs = int(torch.randint(1, 65, (1,), generator=gen))
+            n_steps = int(torch.randint(1, 4001, (1,), generator=gen))
+            packed = batch(n_seqs, n_steps, 16, seed=k, dtype=torch.float32)
+            y = model(packed.to(CUDA))
+            assert y.data.shape == packed.data.shape
+        torch.cuda.synchronize()
+        after = {name: _compiled(getattr(triton_mod, name)) for name in names}
+    assert after == before

@@ -172,6 +172,36 @@ def test_module_warm_up_covers_every_bucket(monkeypatch: pytest.MonkeyPatch) -> 
     assert sorted(s.rows for s in shared._workspaces) == [1, 2, 4, 8]
 
 
+def test_a_capture_into_another_graph_is_refused_on_cuda_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its own graph replays cannot be captured into a caller's CUDA graph (session 6's H200
+    run: the attempt failed halfway, and later calls hit an illegal memory access)."""
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    with pytest.raises(RuntimeError, match="cannot be captured into another CUDA graph"):
+        rt._refuse_capture(torch.device("cuda", 0))
+    rt._refuse_capture(torch.device("cpu"))  # the interpreter captures nothing
+    capturing[0] = False
+    rt._refuse_capture(torch.device("cuda", 0))
+
+
+def test_a_refused_call_touches_no_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(device: torch.device) -> None:
+        raise RuntimeError(f"capturing on {device}")
+
+    roll = rt.TritonRollout()
+    monkeypatch.setattr(rt, "_refuse_capture", refuse)
+    w = weights(2, 4, 1)
+    sizes = [2, 1]
+    with pytest.raises(RuntimeError, match="capturing on"):
+        roll(packed(sizes, 2), sizes, *w)
+    with pytest.raises(RuntimeError, match="capturing on"):
+        roll.warm_up(2, 1, 4, 2, dtype=DTYPE, device=DEVICE)
+    assert roll._workspaces == {}
+    assert roll.launches == 0
+
+
 def test_float32_matches_to_1e5() -> None:
     sizes = [3, 3, 2, 1]
     torch.manual_seed(11)

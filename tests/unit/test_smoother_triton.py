@@ -377,3 +377,67 @@ def test_models_import_and_smooth_without_triton() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("ok")
+
+
+# -- compiling in advance: every tile plan a served batch can get -------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n_steps=st.integers(1, 300_000),
+    n_seqs=st.integers(1, 100_000),
+    n_feat=st.integers(1, 300),
+    headroom=st.integers(0, 300_000),
+)
+def test_tile_plans_hold_the_plan_of_every_batch_within_the_limit(
+    n_steps: int, n_seqs: int, n_feat: int, headroom: int
+) -> None:
+    plan = plan_tiles(n_steps, n_seqs, n_feat)
+    assert (plan.chunk, plan.block, plan.carry) in triton_mod.tile_plans(n_feat, n_steps + headroom)
+
+
+@pytest.mark.parametrize(("n_feat", "max_steps"), [(16, 100_000), (16, 10), (3, 4000), (200, 5)])
+def test_tile_plans_are_all_met(n_feat: int, max_steps: int) -> None:
+    """None is compiled in vain: each plan is the plan of some batch within the limit."""
+    steps = sorted({*range(1, min(max_steps, 2100) + 1), max_steps})
+    steps += [2**k + d for k in range(12, 18) for d in (-1, 0, 1) if 2**k + d <= max_steps]
+    met = {
+        (p.chunk, p.block, p.carry)
+        for n_seqs in (*range(1, 130), 1000, 1 << 20)
+        for n in steps
+        for p in [plan_tiles(n, n_seqs, n_feat)]
+    }
+    assert set(triton_mod.tile_plans(n_feat, max_steps)) == met
+
+
+def test_warm_up_runs_every_plan_as_the_server_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+    real = triton_mod.smooth_packed_triton
+
+    def spy(data: Tensor, sizes: Tensor, alpha: Tensor, wx: Tensor, init: Any, **tiles: int) -> Any:
+        inference = torch.is_inference_mode_enabled()
+        calls.append((tiles["chunk"], tiles["block"], tiles["carry"], init, inference))
+        assert data.shape == (1, 3)
+        assert data.dtype == torch.float64
+        assert sizes.tolist() == [1]
+        y, final = real(data, sizes, alpha, wx, init, **tiles)
+        assert torch.equal(y, torch.zeros(1, 3, dtype=torch.float64))  # tanh(wx * 0)
+        return y, final
+
+    monkeypatch.setattr(triton_mod, "smooth_packed_triton", spy)
+    alpha = torch.full((3,), 0.5, requires_grad=True)
+    n = triton_mod.warm_up(3, 40, alpha, torch.ones(3), device="cpu", dtype=torch.float64)
+    plans = triton_mod.tile_plans(3, 40)
+    assert n == len(plans) == len(calls)
+    assert [c[:3] for c in calls] == plans
+    assert all(init is None and inference for *_, init, inference in calls)
+
+
+def test_the_model_warms_nothing_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    called: list[Any] = []
+    monkeypatch.setattr(triton_mod, "warm_up", lambda *a, **k: called.append(a) or 99)
+    model = LinearRecursion(4)
+    assert model.warm_up(1000) == 0
+    model.kernel = "triton"  # CPU parameters: the Triton path here is the interpreter's only
+    assert model.warm_up(1000) == 0
+    assert called == []
