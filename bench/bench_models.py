@@ -93,6 +93,9 @@ TOLERANCE = 1e-5  # max abs error against the float64 reference, over the real s
 # MEASURED.md's CPU figures that the "expected / got" paragraph compares against.
 # the server's CPU path: EMA + tanh fused, on the sequences' own rows (no packing)
 SMOOTH_FLAT = "LinearRecursion.smooth_flat (no packing; the server's CPU path)"
+TRITON_PIECES_8 = "Triton smoother, forward in pieces of 8 steps (sub=8)"
+TRITON_LOOP = "Triton smoother, forward as a loop over the steps (sub=1)"
+TRITON_LOOP_LONG = "Triton smoother, loop over 256-step chunks (chunk=256, sub=1)"
 EXPECTED_SMOOTHER = {"ema_packed_numba": 1.7, "ema_packed_torch": 30.0, "seed-style": 6000.0}
 EXPECTED_TS_HIDDEN64 = {1: 26 / 10, 64: 209 / 100}  # fused cells + TorchScript vs nn.LSTM
 EXPECTED_EAGER_HIDDEN64 = {1: 42 / 10, 64: 193 / 100}  # fused cells, eager vs nn.LSTM
@@ -669,6 +672,33 @@ class Suite:
 
             return name, build
 
+        def pieces(name: str, **tiles: int) -> tuple[str, Builder]:
+            """The Triton kernel with its forward scanning each chunk in pieces (``sub``)."""
+
+            def build() -> Case:
+                from models.kernels.smoother_triton import smooth_packed_triton
+
+                def fn() -> Tensor:
+                    return smooth_packed_triton(data, bs, alpha, wx, None, **tiles)[0]
+
+                got = self.first_call(f"Triton smoother, {name} ({label})", fn)
+                err = check(name, data_to_padded(cast(Tensor, got), x), y_ref, lengths)
+                return Case(name, fn, self.wait, err=err)
+
+            return name, build
+
+        # variants of the Triton forward to choose between by measurement (CUDA only): the
+        # default scans each [chunk, block] tile as one tree; these walk the chunk in pieces
+        variants = (
+            [
+                pieces(TRITON_PIECES_8, sub=8),
+                pieces(TRITON_LOOP, sub=1),
+                pieces(TRITON_LOOP_LONG, chunk=256, sub=1),
+            ]
+            if self.cuda
+            else []
+        )
+
         def flat() -> Case:
             if self.cuda:
                 raise Unavailable("a CPU kernel")
@@ -720,6 +750,7 @@ class Suite:
             ("ema_packed_numba", ema("ema_packed_numba", ema_packed_numba)),
             ("ema_packed_torch", ema("ema_packed_torch", ema_packed_torch)),
             *(layer(k) for k in smoother_kernels()),
+            *variants,
             (SMOOTH_FLAT, flat),
             (SEED_SMOOTHER, seed),
             (JAX_SCAN, jax_case(JAX_SCAN, "smoother_scan")),

@@ -126,19 +126,29 @@ def _fwd_chunk_summary(  # type: ignore[no-untyped-def]
     HAS_INIT: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
+    SUB: tl.constexpr,
 ) -> None:
+    # The chunk in CHUNK // SUB pieces of SUB steps, in order: each piece is a tree scan of a
+    # [SUB, BLOCK] tile composed onto the running map. SUB == CHUNK: one tree scan of the tile;
+    # SUB == 1: a plain loop over the steps (one row of BLOCK columns a step)
     chunk = tl.program_id(0)
-    t = chunk * CHUNK + tl.arange(0, CHUNK)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     col_ok = col < n_cols
     alpha = tl.load(alpha_ptr + col % n_feat, mask=col_ok, other=0.0)
-    x, active, _ = _load_tile(x_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
-    a, b = _step_maps(x.to(alpha.dtype), active, alpha, t, HAS_INIT)
-    acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
-    last = (tl.arange(0, CHUNK) == CHUNK - 1)[:, None]
+    last = (tl.arange(0, SUB) == SUB - 1)[:, None]
+    run_a = tl.full([BLOCK], 1.0, alpha.dtype)
+    run_b = tl.zeros([BLOCK], alpha.dtype)
+    for piece in range(CHUNK // SUB):
+        t = chunk * CHUNK + piece * SUB + tl.arange(0, SUB)
+        x, active, _ = _load_tile(x_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
+        a, b = _step_maps(x.to(alpha.dtype), active, alpha, t, HAS_INIT)
+        acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
+        piece_a = tl.sum(tl.where(last, acc_a, 0.0), 0)
+        piece_b = tl.sum(tl.where(last, acc_b, 0.0), 0)
+        run_a, run_b = _combine(run_a, run_b, piece_a, piece_b)
     out = chunk.to(tl.int64) * n_cols + col
-    tl.store(sum_a_ptr + out, tl.sum(tl.where(last, acc_a, 0.0), 0), mask=col_ok)
-    tl.store(sum_b_ptr + out, tl.sum(tl.where(last, acc_b, 0.0), 0), mask=col_ok)
+    tl.store(sum_a_ptr + out, run_a, mask=col_ok)
+    tl.store(sum_b_ptr + out, run_b, mask=col_ok)
 
 
 @_jit
@@ -208,22 +218,27 @@ def _fwd_replay(  # type: ignore[no-untyped-def]
     STORE_S: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
+    SUB: tl.constexpr,
 ) -> None:
+    # pieces of SUB steps in order, as in _fwd_chunk_summary, the state carried between them
     chunk = tl.program_id(0)
-    t = chunk * CHUNK + tl.arange(0, CHUNK)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     col_ok = col < n_cols
     feat = col % n_feat
     alpha = tl.load(alpha_ptr + feat, mask=col_ok, other=0.0)
     wx = tl.load(wx_ptr + feat, mask=col_ok, other=0.0)
-    carry_in = tl.load(carry_ptr + chunk.to(tl.int64) * n_cols + col, mask=col_ok, other=0.0)
-    x, active, addr = _load_tile(x_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
-    a, b = _step_maps(x.to(alpha.dtype), active, alpha, t, HAS_INIT)
-    acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
-    s = acc_a * carry_in[None, :] + acc_b
-    tl.store(y_ptr + addr, _tanh(wx[None, :] * s), mask=active)
-    if STORE_S:  # for the backward pass
-        tl.store(s_ptr + addr, s, mask=active)
+    state = tl.load(carry_ptr + chunk.to(tl.int64) * n_cols + col, mask=col_ok, other=0.0)
+    last = (tl.arange(0, SUB) == SUB - 1)[:, None]
+    for piece in range(CHUNK // SUB):
+        t = chunk * CHUNK + piece * SUB + tl.arange(0, SUB)
+        x, active, addr = _load_tile(x_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
+        a, b = _step_maps(x.to(alpha.dtype), active, alpha, t, HAS_INIT)
+        acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
+        s = acc_a * state[None, :] + acc_b
+        tl.store(y_ptr + addr, _tanh(wx[None, :] * s), mask=active)
+        if STORE_S:  # for the backward pass
+            tl.store(s_ptr + addr, s, mask=active)
+        state = tl.sum(tl.where(last, s, 0.0), 0)  # past a sequence's end: carried unchanged
 
 
 @_jit
@@ -389,7 +404,9 @@ def _pow2(n: int) -> int:
 @dataclass(frozen=True)
 class TilePlan:
     """Tile sizes for one packed batch: ``CHUNK`` steps × ``BLOCK`` flattened columns per
-    program, and ``CARRY`` chunks per trip of the carry scan (over ``carry_block`` columns)."""
+    program, scanned ``SUB`` steps at a time in the forward kernels (``sub == chunk``: the whole
+    tile in one tree scan), and ``CARRY`` chunks per trip of the carry scan (over
+    ``carry_block`` columns)."""
 
     n_steps: int
     n_seqs: int
@@ -398,6 +415,7 @@ class TilePlan:
     block: int
     carry: int
     carry_block: int
+    sub: int
 
     @property
     def n_cols(self) -> int:
@@ -421,6 +439,13 @@ class TilePlan:
         return min(8, max(2, self.chunk * self.block // 512))
 
     @property
+    def forward_warps(self) -> int:
+        # the forward kernels hold one [SUB, BLOCK] piece at a time
+        if self.sub == self.chunk:
+            return self.warps
+        return min(8, max(1, self.sub * self.block // 512))
+
+    @property
     def carry_warps(self) -> int:
         return 8 if self.carry * self.carry_block > 4096 else 4
 
@@ -433,6 +458,7 @@ def plan_tiles(
     chunk: int | None = None,
     block: int | None = None,
     carry: int | None = None,
+    sub: int | None = None,
 ) -> TilePlan:
     """Pick tile sizes (powers of two); explicit sizes are for tests.
 
@@ -453,10 +479,13 @@ def plan_tiles(
     # only masks the rest (one program per carry_block columns, microseconds), and a plan that
     # depended on it would be one more kernel variant to compile
     carry = carry or _CARRY_TILE // carry_block
-    for name, v in (("chunk", chunk), ("block", block), ("carry", carry)):
+    sub = sub or chunk
+    for name, v in (("chunk", chunk), ("block", block), ("carry", carry), ("sub", sub)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
-    return TilePlan(n_steps, n_seqs, n_feat, chunk, block, carry, carry_block)
+    if sub > chunk:
+        raise ValueError(f"sub ({sub}) must not exceed chunk ({chunk})")
+    return TilePlan(n_steps, n_seqs, n_feat, chunk, block, carry, carry_block, sub)
 
 
 def tile_plans(n_feat: int, max_steps: int) -> list[tuple[int, int, int]]:
@@ -564,7 +593,8 @@ class _SmootherFn(torch.autograd.Function):
             HAS_INIT=has_init,
             CHUNK=plan.chunk,
             BLOCK=plan.block,
-            num_warps=plan.warps,
+            SUB=plan.sub,
+            num_warps=plan.forward_warps,
         )
         _carry_scan[plan.carry_grid](
             sum_a,
@@ -597,7 +627,8 @@ class _SmootherFn(torch.autograd.Function):
             STORE_S=needs_grad,
             CHUNK=plan.chunk,
             BLOCK=plan.block,
-            num_warps=plan.warps,
+            SUB=plan.sub,
+            num_warps=plan.forward_warps,
         )
         # the initial state is s_{-1} for the alpha gradient (y stands in when there is none)
         ctx.save_for_backward(x, s, y if init_c is None else init_c, alpha_c, wx_c, bs, off)
@@ -695,13 +726,17 @@ def smooth_packed_triton(
     chunk: int | None = None,
     block: int | None = None,
     carry: int | None = None,
+    sub: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``y = tanh(wx * s)`` over packed rows, and each sequence's final state ``s``.
 
     ``data``: [N, F] packed rows (CUDA, or CPU under ``TRITON_INTERPRET=1``); ``batch_sizes``:
     the PackedSequence's (CPU) step sizes; ``init``: [B, F] state before step 0 in *sorted*
     order, or None for ``s_0 = x_0``. Returns ``y`` [N, F] and the final state [B, F] (sorted
-    order). Differentiable in ``data``, ``alpha``, ``wx`` and ``init``.
+    order). Differentiable in ``data``, ``alpha``, ``wx`` and ``init``. ``chunk``, ``block``,
+    ``carry`` and ``sub`` override :func:`plan_tiles`'s tiles (tests, benchmarks); ``sub`` below
+    ``chunk`` scans each chunk ``sub`` steps at a time in the forward kernels (``sub=1``: a loop
+    over the steps), the variant to measure against one tree scan per tile.
     """
     if data.device.type == "cpu" and not _interpreting():
         raise RuntimeError(
@@ -716,7 +751,7 @@ def smooth_packed_triton(
         raise ValueError(f"expected a state of shape [{n_seqs}, {n_feat}], got {list(init.shape)}")
     if data.shape[0] == 0 or n_feat == 0:
         return torch.tanh(wx * data), data.new_zeros((n_seqs, n_feat))
-    plan = plan_tiles(sizes.numel(), n_seqs, n_feat, chunk=chunk, block=block, carry=carry)
+    plan = plan_tiles(sizes.numel(), n_seqs, n_feat, chunk=chunk, block=block, carry=carry, sub=sub)
     # one host-to-device copy for both batch_sizes and the row offsets (exclusive cumsum)
     meta = torch.stack([sizes, torch.cumsum(sizes, 0) - sizes]).to(data.device, non_blocking=True)
     bs, off = meta[0], meta[1]

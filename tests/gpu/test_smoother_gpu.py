@@ -63,6 +63,23 @@ def test_forward_and_state_equal_the_cpu_path(
     torch.testing.assert_close(final.cpu(), want_final, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(("n_seqs", "n_steps", "feat"), SHAPES)
+@pytest.mark.parametrize("tiles", [{"sub": 8}, {"sub": 1}, {"chunk": 256, "sub": 1}], ids=str)
+def test_forward_in_pieces_equals_the_cpu_path(
+    n_seqs: int, n_steps: int, feat: int, tiles: dict[str, int]
+) -> None:
+    """The forward variants the benchmark measures (each chunk scanned in pieces)."""
+    packed = batch(n_seqs, n_steps, feat, seed=n_steps + 1, dtype=torch.float32)
+    alpha, wx = params(feat, torch.float32)
+    with torch.inference_mode():
+        y, final = smooth_packed_triton(
+            packed.data.to(CUDA), packed.batch_sizes, alpha.to(CUDA), wx.to(CUDA), None, **tiles
+        )
+    want_y, want_final = cpu_forward(packed, alpha, wx, None)
+    torch.testing.assert_close(y.cpu(), want_y, atol=1e-5, rtol=0)
+    torch.testing.assert_close(final.cpu(), want_final, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize(("n_seqs", "n_steps", "feat"), [(64, 1000, 16), (1, 100_000, 16)])
 def test_float64_on_cuda_is_tight(n_seqs: int, n_steps: int, feat: int) -> None:
     packed = batch(n_seqs, n_steps, feat, seed=1, dtype=torch.float64)

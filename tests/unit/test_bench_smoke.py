@@ -289,3 +289,31 @@ def test_quick_http_benchmark(tmp_path: Path) -> None:
     batched = [r for r in rows if "dynamic batching" in r]
     assert len(batched) == 2
     assert all(r.count("|") == 8 for r in rows)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="the Triton smoother needs triton"
+)
+def test_triton_forward_variants_are_benchmarked_on_cuda_and_checked() -> None:
+    """The CUDA run times the Triton forward scanned in pieces (sub=8, 1; chunk=256) beside
+    the default, each checked against the float64 reference first. Here (no GPU) the suite poses
+    as a CUDA one and the kernels run in Triton's interpreter (tests/conftest.py sets it)."""
+    bm = bench_models
+    suite = bm.Suite(bm.PLANS[("cpu", True)], use_jax=False)
+    seqs = bm.random_sequences(bm.half_spread_lengths(3, 12), 16, seed=1)
+    x = pack(seqs)
+    on_cpu = dict(suite.smoother_builders(seqs, x, "B=3, T=12"))
+    assert not {bm.TRITON_PIECES_8, bm.TRITON_LOOP, bm.TRITON_LOOP_LONG} & set(on_cpu)
+    suite.cuda = True
+    builders = dict(suite.smoother_builders(seqs, x, "B=3, T=12"))
+    for name in (bm.TRITON_PIECES_8, bm.TRITON_LOOP, bm.TRITON_LOOP_LONG):
+        case = builders[name]()
+        assert case.name == name
+        assert case.err < 1e-5
+        y = case.fn()
+        assert isinstance(y, torch.Tensor)
+        assert y.shape == x.data.shape
+    assert [what for what, _ in suite.res.compile] == [
+        f"Triton smoother, {n} (B=3, T=12)"
+        for n in (bm.TRITON_PIECES_8, bm.TRITON_LOOP, bm.TRITON_LOOP_LONG)
+    ]

@@ -155,6 +155,23 @@ def test_ragged_batch_ending_on_and_beside_chunk_edges() -> None:
     assert_matches(got, want, 1e-5, final, want_final)
 
 
+@pytest.mark.parametrize("sub", [1, 2, 8])
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+def test_chunks_scanned_in_pieces_match_the_loop(sub: int, with_state: bool) -> None:
+    """``sub`` < ``chunk``: each chunk scanned ``sub`` steps at a time (``sub=1``: a loop over
+    its steps), the state carried from piece to piece; sequences end inside pieces, on their
+    edges and on the chunk edges, and the last chunk runs past the end of the batch."""
+    lengths = [1, 2, 7, 8, 9, 15, 16, 23]  # chunk = 8
+    seqs = random_seqs(lengths, 2, seed=21, dtype=torch.float64)
+    alpha, wx = random_params(2, 21, torch.float64)
+    init = torch.randn(len(lengths), 2, dtype=torch.float64) if with_state else None
+    got, final = run_triton(seqs, alpha, wx, init, chunk=8, block=4, carry=2, sub=sub)
+    want, want_final = loop_reference(
+        [s.numpy() for s in seqs], alpha.numpy(), wx.numpy(), None if init is None else init.numpy()
+    )
+    assert_matches(got, want, 1e-12, final, want_final)
+
+
 def test_long_single_sequence_with_the_default_plan() -> None:
     # B = 1: the default plan splits time into chunks (here 3 of 32 steps)
     seqs = random_seqs([70], 1, seed=9, dtype=torch.float64)
@@ -262,9 +279,11 @@ def test_model_forward_with_the_triton_kernel_keeps_its_contract() -> None:
     torch.testing.assert_close(out.data.cpu(), want.data, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("sub", [None, 1], ids=["tree", "loop"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
-def test_gradcheck_float64(with_state: bool) -> None:
-    """Backward (reverse chunked scan) for x, alpha, wx and the initial state, both outputs."""
+def test_gradcheck_float64(with_state: bool, sub: int | None) -> None:
+    """Backward (reverse chunked scan) for x, alpha, wx and the initial state, both outputs;
+    also after a forward scanned step by step (its replay writes the states the backward uses)."""
     seqs = random_seqs([5, 2, 7], 2, seed=11, dtype=torch.float64)
     packed = pack(seqs, DEVICE)
     alpha, wx = random_params(2, 11, torch.float64)
@@ -278,7 +297,9 @@ def test_gradcheck_float64(with_state: bool) -> None:
 
     def fn(x: Tensor, a: Tensor, w: Tensor, *init: Tensor) -> tuple[Tensor, Tensor]:
         s0 = init[0] if init else None
-        return smooth_packed_triton(x, packed.batch_sizes, a, w, s0, chunk=2, block=8, carry=2)
+        return smooth_packed_triton(
+            x, packed.batch_sizes, a, w, s0, chunk=2, block=8, carry=2, sub=sub
+        )
 
     assert torch.autograd.gradcheck(fn, tuple(inputs), fast_mode=True)
 

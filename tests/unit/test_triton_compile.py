@@ -131,6 +131,8 @@ def _smoother_launches(dtype: torch.dtype) -> None:
         (y.sum() + final.sum()).backward()
     with torch.inference_mode():  # as the server runs it: no state kept for a backward pass
         st.smooth_packed_triton(packed.data, packed.batch_sizes, alpha, wx, None, chunk=4)
+        for sub in (1, 2):  # the forward scanned in pieces (a loop over steps at 1)
+            st.smooth_packed_triton(packed.data, packed.batch_sizes, alpha, wx, None, sub=sub)
 
 
 def _rollout_launches() -> None:
@@ -197,6 +199,7 @@ def test_every_kernel_compiles_for_sm90(launches: list[dict[str, Any]]) -> None:
     assert {"ieee", "tf32x3"} <= precisions
     assert {True, False} <= {j["constexprs"].get("USE_DOT") for j in jobs}
     assert {True, False} <= {j["constexprs"].get("PDL") for j in jobs}
+    assert {1, 2} <= {j["constexprs"].get("SUB") for j in jobs}
 
     results = _compile(jobs)
     assert [r["job"] for r in results] == [j["id"] for j in jobs]

@@ -54,12 +54,29 @@ def test_smoother_on_no_rows_returns_empty_outputs_and_zero_states() -> None:
     assert tuple(last.shape) == (1, 0)
 
 
-@pytest.mark.parametrize("name", ["chunk", "block", "carry"])
+@pytest.mark.parametrize("name", ["chunk", "block", "carry", "sub"])
 def test_tile_sizes_must_be_powers_of_two(name: str) -> None:
     with pytest.raises(ValueError, match=f"{name} must be a power of two, got 24"):
         st.plan_tiles(100, 4, 16, **{name: 24})
     plan = st.plan_tiles(100, 4, 16, **{name: 32})
     assert getattr(plan, name) == 32
+
+
+def test_pieces_are_at_most_a_chunk_and_default_to_one() -> None:
+    assert st.plan_tiles(100, 4, 16, chunk=32).sub == 32  # one tree scan of the tile
+    assert st.plan_tiles(100, 4, 16, chunk=32, sub=32).sub == 32
+    assert st.plan_tiles(100, 4, 16, chunk=32, sub=1).sub == 1
+    with pytest.raises(ValueError, match=r"sub \(64\) must not exceed chunk \(32\)"):
+        st.plan_tiles(100, 4, 16, chunk=32, sub=64)
+
+
+@pytest.mark.parametrize(
+    ("chunk", "block", "sub", "warps"),
+    [(32, 128, 32, 8), (16, 16, 16, 2), (32, 128, 1, 1), (64, 128, 8, 2), (256, 128, 32, 8)],
+)
+def test_forward_warps_follow_the_piece(chunk: int, block: int, sub: int, warps: int) -> None:
+    plan = st.plan_tiles(100, 64, 16, chunk=chunk, block=block, sub=sub)
+    assert plan.forward_warps == warps
 
 
 def test_rollout_refuses_bad_bucket_layer_and_weight_arguments() -> None:
