@@ -170,6 +170,55 @@ def test_module_warm_up_covers_every_bucket(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(rt, "_DEFAULT", shared)
     rt.warm_up(5, 1, 4, 2, dtype=DTYPE, device=DEVICE, max_steps=10)
     assert sorted(s.rows for s in shared._workspaces) == [1, 2, 4, 8]
+    assert {s.dtype for s in shared._workspaces} == {DTYPE}  # the served dtype's buckets
+
+
+@pytest.mark.parametrize("steps", [255, 256])
+def test_a_warm_bucket_takes_its_longest_rollout_without_growing(steps: int) -> None:
+    """After ``warm_up(steps=S)`` a rollout of S steps (S + 1 launches) fits the workspace as
+    it is: growing it would drop the CUDA graphs captured at start-up."""
+    roll = rt.TritonRollout(config=GEMV)
+    roll.warm_up(2, 1, 4, 2, dtype=DTYPE, device=DEVICE, rows=2 * steps, steps=steps)
+    (ws,) = roll._workspaces.values()
+    u_buffer, sched = ws.u, ws.sched
+    sizes = [2] * steps
+    u = packed(sizes, 2)
+    w = weights(2, 4, 1)
+    assert_same(roll(u, sizes, *w), rollout_packed(u, sizes, *w))
+    assert ws.u is u_buffer
+    assert ws.sched is sched
+
+
+def test_module_warm_up_leaves_room_for_full_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bucket of ``rt.warm_up`` takes a full batch of ``max_steps`` steps as it is."""
+    shared = rt.TritonRollout(config=GEMV)
+    monkeypatch.setattr(rt, "_DEFAULT", shared)
+    rt.warm_up(3, 1, 4, 2, dtype=DTYPE, device=DEVICE, max_steps=64)
+    buffers = {shape.rows: (ws.u, ws.sched) for shape, ws in shared._workspaces.items()}
+    assert sorted(buffers) == [1, 2, 4]
+    w = weights(2, 4, 1)
+    for rows in buffers:
+        sizes = [rows] * 64
+        u = packed(sizes, 2, seed=rows)
+        assert_same(rt.rollout_packed_triton(u, sizes, *w), rollout_packed(u, sizes, *w))
+    for shape, ws in shared._workspaces.items():
+        assert (ws.u, ws.sched) == buffers[shape.rows]
+
+
+def test_the_shared_rollout_passes_every_state_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rt, "_DEFAULT", rt.TritonRollout(config=GEMV))
+    sizes, hidden, layers = [3, 3, 1], 8, 2
+    w = weights(2, hidden, layers, seed=6)
+    u = packed(sizes, 2, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    h0, c0 = (torch.randn(layers, 3, hidden, generator=gen, dtype=DTYPE) for _ in range(2))
+    p0 = torch.rand(3, 2, generator=gen, dtype=DTYPE) - 0.5
+    state = {"h0": h0.to(DEVICE), "c0": c0.to(DEVICE), "p0": p0.to(DEVICE)}
+    want = rollout_packed(u, sizes, *w, **state)
+    for name in state:  # each part of the state changes the result
+        without = {k: v for k, v in state.items() if k != name}
+        assert not torch.allclose(want[0], rollout_packed(u, sizes, *w, **without)[0])
+    assert_same(rt.rollout_packed_triton(u, sizes, *w, **state), want)
 
 
 def test_a_capture_into_another_graph_is_refused_on_cuda_only(
