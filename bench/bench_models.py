@@ -45,11 +45,15 @@ import copy
 import datetime as dt
 import gc
 import importlib
+import importlib.metadata
+import importlib.util
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import typing
@@ -66,6 +70,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 import models.smoothing
+from bench.padding import padded_time_major
 from models.kernels import ema_packed_numba, ema_packed_torch
 from models.packing import pack
 from models.smoothing import LinearRecursion
@@ -87,6 +92,7 @@ BEGIN_ENCODER = "<!-- bench_models_encoder:begin -->"
 END_ENCODER = "<!-- bench_models_encoder:end -->"
 BEGIN_ENCODER_CUDA = "<!-- bench_models_encoder_cuda:begin -->"
 END_ENCODER_CUDA = "<!-- bench_models_encoder_cuda:end -->"
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("docs/BENCHMARKS.md")
 TOLERANCE = 1e-5  # max abs error against the float64 reference, over the real steps
 
@@ -205,6 +211,10 @@ def _no_wait(_: object) -> None:
     return None
 
 
+def _nothing() -> None:  # the call of a case timed elsewhere
+    return None
+
+
 def _cuda_wait(_: object) -> None:
     torch.cuda.synchronize()
 
@@ -218,6 +228,7 @@ class Case:
     wait: Callable[[object], object] = _no_wait  # blocks until fn's queued work is done
     slow: bool = False  # few samples of one call each
     err: float = 0.0  # max abs error against the float64 reference
+    external: Timing | None = None  # timed elsewhere (JAX in a process of its own), not by fn
 
 
 @dataclass
@@ -255,6 +266,9 @@ def measure(cases: Sequence[Case], plan: Plan) -> dict[str, Timing]:
     """Warm up every case, then time them in rotated round-robin order."""
     timings: dict[str, Timing] = {}
     for case in cases:
+        if case.external is not None:
+            timings[case.name] = case.external
+            continue
         once = _clock(case, 1)  # (the reference check was the first call)
         if case.slow or once > plan.slow_call_s:
             timings[case.name] = Timing(number=1, slow=True)
@@ -268,7 +282,7 @@ def measure(cases: Sequence[Case], plan: Plan) -> dict[str, Timing]:
         k = r % len(cases)
         for case in [*cases[k:], *cases[:k]]:
             t = timings[case.name]
-            if t.slow and r >= plan.slow_rounds:
+            if case.external is not None or (t.slow and r >= plan.slow_rounds):
                 continue
             t.samples.append(_clock(case, t.number) / t.number)
     return timings
@@ -520,8 +534,10 @@ Builder = Callable[[], Case]
 class Suite:
     """One run on one device: inputs, the implementations to try, and what came of them."""
 
-    def __init__(self, plan: Plan, use_jax: bool = True) -> None:
+    def __init__(self, plan: Plan, use_jax: bool = True, jax_process: bool = False) -> None:
         self.plan = plan
+        # JAX in a process of its own per case (the default on CUDA): no JAX in this process
+        self.jax_process = jax_process
         self.device = torch.device(plan.device)
         self.cuda = self.device.type == "cuda"
         self.wait: Callable[[object], object] = _cuda_wait if self.cuda else _no_wait
@@ -538,6 +554,19 @@ class Suite:
         return SMOOTHER_FLOOR_CUDA if self.cuda else SMOOTHER_FLOOR_CPU
 
     def _load_jax(self) -> None:
+        if self.jax_process:  # checked here without importing it; its process may still fail
+            if importlib.util.find_spec("jax") is None:
+                self.jax_reason = "JAX is not installed; `pip install '.[bench]'` adds it"
+                _log(f"skipping the JAX rows: {self.jax_reason}")
+                return
+            self.jax_version = f"{importlib.metadata.version('jax')} (in a process of its own)"
+            self.res.notes.append(
+                "JAX rows: each measured in a process of its own (`--jax process`, the default on "
+                "CUDA), right after the other rows of its shape were set up and before they were "
+                "timed: not in their round-robin rounds, so its ratio compares medians of "
+                "different rounds."
+            )
+            return
         try:
             jb = importlib.import_module("bench.jax_baselines")
         except ImportError as e:
@@ -729,6 +758,14 @@ class Suite:
 
         def jax_case(name: str, fn_name: str) -> Builder:
             def build() -> Case:
+                if self.jax_process:
+                    xs, mask = padded_time_major([s.numpy() for s in seqs])
+                    arrays = {"x": xs, "mask": mask}
+                    arrays |= {"alpha": base.alpha_smooth.numpy(), "wx": base.wx.numpy()}
+                    out, timing = self.jax_elsewhere(fn_name, arrays, label)
+                    got = out.astype(np.float64).transpose(1, 0, 2)
+                    err = check(name, got, y_ref, lengths)
+                    return Case(name, _nothing, err=err, external=timing)
                 jb = self._jax()
                 import jax
 
@@ -761,6 +798,40 @@ class Suite:
         if self.jax is None:
             raise Unavailable(self.jax_reason)
         return self.jax
+
+    def jax_elsewhere(
+        self, fn_name: str, arrays: dict[str, np.ndarray], label: str
+    ) -> tuple[np.ndarray, Timing]:
+        """Compile, check-call and time ``bench.jax_baselines.<fn_name>`` in a process of its
+        own (``python -m bench.jax_baselines``): its output and its timing, as ``measure`` would
+        take them (the same number of rounds, each sample about ``sample_s`` long). A crash
+        there costs this row only."""
+        if importlib.util.find_spec("jax") is None:
+            raise Unavailable(self.jax_reason)
+        with tempfile.TemporaryDirectory(prefix="rnnserve-jax-") as tmp:
+            inputs, result = Path(tmp) / "inputs.npz", Path(tmp) / "result.npz"
+            np.savez(inputs, **arrays)  # type: ignore[arg-type]  # (allow_pickle)
+            command = [
+                sys.executable, "-m", "bench.jax_baselines", fn_name, str(inputs), str(result),
+                "--device", self.device.type, "--rounds", str(self.plan.rounds),
+                "--sample-s", str(self.plan.sample_s),
+            ]  # fmt: skip
+            try:
+                done = subprocess.run(
+                    command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+                )
+            except subprocess.TimeoutExpired as e:
+                raise Unavailable("its process took over 600 s") from e
+            if done.returncode != 0:
+                lines = done.stderr.strip().splitlines() or ["(no output)"]
+                raise Unavailable(f"its process failed (exit {done.returncode}): {lines[-1][:300]}")
+            with np.load(result) as r:
+                out, samples = np.asarray(r["out"]), [float(v) for v in r["samples"]]
+                number, secs = int(r["number"]), float(r["compile_s"])
+        self.res.compile.append(
+            (f"JAX jit compile, `{fn_name}` ({label}; in its own process)", _fmt_s(secs))
+        )
+        return out, Timing(number=number, samples=samples)
 
     def bench_smoother(self) -> None:
         plan = self.plan
@@ -862,11 +933,25 @@ class Suite:
             return Case(SEED_ROLLOUT, lambda: traveller_seed_style(base, seqs), slow=True, err=err)
 
         def jax_rollout() -> Case:
+            lstm = base.lstm_layers
+            layers = range(base.num_layers)
+            if self.jax_process:
+                us, mask = padded_time_major([s.numpy() for s in seqs])
+                arrays = {"u": us, "mask": mask, "layers": np.asarray(base.num_layers)}
+                for k in layers:
+                    for key, attr in (("w_ih", "weight_ih"), ("w_hh", "weight_hh")):
+                        arrays[f"{key}_{k}"] = getattr(lstm, f"{attr}_l{k}").numpy()
+                    for key, attr in (("b_ih", "bias_ih"), ("b_hh", "bias_hh")):
+                        arrays[f"{key}_{k}"] = getattr(lstm, f"{attr}_l{k}").numpy()
+                arrays["w_out"] = base.output_layer.weight.numpy()
+                arrays["b_out"] = base.output_layer.bias.numpy()
+                out, timing = self.jax_elsewhere("traveller_rollout_scan", arrays, label)
+                got = out.astype(np.float64).transpose(1, 0, 2)
+                err = check(JAX_ROLLOUT, got, ref, lengths)
+                return Case(JAX_ROLLOUT, _nothing, err=err, external=timing)
             jb = self._jax()
             import jax
 
-            lstm = base.lstm_layers
-            layers = range(base.num_layers)
             weights = jb.traveller_weights(
                 [getattr(lstm, f"weight_ih_l{k}").numpy() for k in layers],
                 [getattr(lstm, f"weight_hh_l{k}").numpy() for k in layers],
@@ -1687,6 +1772,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file to write")
     parser.add_argument("--no-jax", action="store_true", help="leave the JAX rows out")
     parser.add_argument(
+        "--jax",
+        choices=("process", "inline"),
+        default=None,
+        help="JAX in a process of its own per case (the default on CUDA: JAX and torch in one "
+        "process died of an illegal memory access on an H200) or in this one, timed round-robin "
+        "with the others (the default on the CPU)",
+    )
+    parser.add_argument(
         "--no-pin", action="store_true", help="on the CPU, do not pin the process to one core"
     )
     parser.add_argument(
@@ -1717,7 +1810,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(os, "getloadavg"):
         load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     t0 = time.perf_counter()
-    suite = Suite(plan, use_jax=not args.no_jax and args.only == "all")
+    jax_process = (args.jax or ("process" if args.device == "cuda" else "inline")) == "process"
+    suite = Suite(plan, use_jax=not args.no_jax and args.only == "all", jax_process=jax_process)
     if args.only == "encoder":
         with torch.inference_mode():
             suite.bench_encoder()

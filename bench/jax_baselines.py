@@ -30,24 +30,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from bench.padding import padded_time_major, unpad_time_major
+
+__all__ = [
+    "compile_for",
+    "device_for",
+    "measure_main",
+    "padded_time_major",
+    "smoother_associative_scan",
+    "smoother_scan",
+    "traveller_rollout_scan",
+    "traveller_weights",
+    "unpad_time_major",
+]
+
 HIGHEST = lax.Precision.HIGHEST
-
-
-def padded_time_major(seqs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """``[T_i, C]`` arrays -> ``x`` ``[T, B, C]`` (zeros after each end) and ``mask`` ``[T, B]``."""
-    steps = max(len(s) for s in seqs)
-    width = seqs[0].shape[1]
-    x = np.zeros((steps, len(seqs), width), dtype=seqs[0].dtype)
-    mask = np.zeros((steps, len(seqs)), dtype=bool)
-    for i, s in enumerate(seqs):
-        x[: len(s), i] = s
-        mask[: len(s), i] = True
-    return x, mask
-
-
-def unpad_time_major(y: np.ndarray, lengths: Sequence[int]) -> list[np.ndarray]:
-    """``[T, B, C]`` -> the ``[T_i, C]`` arrays of each sequence."""
-    return [y[:n, i] for i, n in enumerate(lengths)]
 
 
 # --------------------------------------------------------------------------- smoother
@@ -188,3 +185,73 @@ def device_for(kind: str) -> Any:
         f"JAX {jax.__version__} has no CUDA backend here (devices: {jax.devices()}); "
         "install jax[cuda12] for the GPU rows"
     )
+
+
+# --------------------------------------------------------------------------- a process of its own
+#
+# On CUDA, ``bench.bench_models`` measures these in a process of their own: with JAX and torch on
+# one GPU in one process, the H200 run of session 6 died twice of an illegal memory access (at the
+# B=1024 rollout, after JAX had run), and the same run without JAX did not. A crash here costs
+# its row, not the run.
+
+FUNCTIONS = ("smoother_scan", "smoother_associative_scan", "traveller_rollout_scan")
+
+
+def _build(fn_name: str, data: Any, device: Any) -> tuple[Callable[[], jax.Array], float]:
+    """The compiled call of ``fn_name`` on the inputs in ``data`` (an ``.npz``), and its compile
+    seconds. Smoother inputs: ``x``, ``mask``, ``alpha``, ``wx``; the rollout's: ``u``, ``mask``
+    and ``w_ih_K``, ``w_hh_K``, ``b_ih_K``, ``b_hh_K`` per layer K, ``w_out``, ``b_out``."""
+    if fn_name == "traveller_rollout_scan":
+        layers = range(int(data["layers"]))
+        w_ih, w_hh, b_ih, b_hh = (
+            [data[f"{name}_{k}"] for k in layers] for name in ("w_ih", "w_hh", "b_ih", "b_hh")
+        )
+        weights = traveller_weights(
+            w_ih, w_hh, b_ih, b_hh, data["w_out"], data["b_out"], device=device
+        )
+        u, mask = (jax.device_put(data[k], device) for k in ("u", "mask"))
+        rollout, secs = compile_for(traveller_rollout_scan, u, mask, weights)
+        return (lambda: rollout(u, mask, weights)), secs
+    args = [jax.device_put(data[k], device) for k in ("x", "mask", "alpha", "wx")]
+    smoother, secs = compile_for(globals()[fn_name], *args)
+    return (lambda: smoother(*args)), secs
+
+
+def _clocked(call: Callable[[], jax.Array], number: int) -> float:
+    start = time.perf_counter()
+    out = None
+    for _ in range(number):
+        out = call()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / number
+
+
+def measure_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.jax_baselines FN INPUTS OUT --device D --rounds R --sample-s S``:
+    compile FN for the inputs, call it once for its output, then time R samples, each repeating
+    the call until it lasts about S seconds; write ``out``, ``samples``, ``number`` and
+    ``compile_s`` to OUT (``.npz``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="time one JAX baseline in this process")
+    parser.add_argument("fn", choices=FUNCTIONS)
+    parser.add_argument("inputs")
+    parser.add_argument("out")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--sample-s", type=float, default=0.03)
+    args = parser.parse_args(argv)
+    with np.load(args.inputs) as data:
+        call, compile_s = _build(args.fn, data, device_for(args.device))
+    out = np.asarray(call())
+    once = min(_clocked(call, 1) for _ in range(3))
+    number = max(1, min(10_000, int(np.ceil(args.sample_s / max(once, 1e-7)))))
+    samples = [_clocked(call, number) for _ in range(args.rounds)]
+    np.savez(args.out, out=out, samples=np.asarray(samples), number=number, compile_s=compile_s)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(measure_main())

@@ -108,6 +108,35 @@ def test_quick_benchmark_writes_its_tables(tmp_path: Path) -> None:
     assert_tables_well_formed(text)
 
 
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed (the optional `bench` extra)")
+def test_jax_rows_measured_in_a_process_of_their_own(tmp_path: Path) -> None:
+    """``--jax process`` (CUDA's default, tried here on the CPU): every JAX row checked and timed
+    by ``python -m bench.jax_baselines``, its compile reported apart."""
+    out = tmp_path / "BENCH.md"
+    run_quick("bench_models", out, "--jax", "process")
+    text = out.read_text(encoding="utf-8")
+    for name in ("JAX lax.scan (padded)", "JAX lax.associative_scan", "JAX lax.scan rollout"):
+        rows = [line for line in text.splitlines() if line.startswith("| B=") and name in line]
+        assert len(rows) == 2, name  # one per quick shape, each timed (3 rounds) and checked
+        for row in rows:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert float(cells[-2]) < 1e-5  # max abs err vs float64
+            assert cells[-1].startswith("3 × ")
+    assert text.count("; in its own process)") == 6  # the compile of each, apart
+    assert "JAX rows: each measured in a process of its own" in text
+    assert "(in a process of its own)" in text  # the version line says so
+    assert "FAILED" not in text
+    assert_tables_well_formed(text)
+
+
+def test_a_failing_jax_process_costs_its_row_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    suite = bench_models.Suite(bench_models.PLANS[("cpu", True)], use_jax=False, jax_process=True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # "installed"
+    with pytest.raises(bench_models.Unavailable, match=r"its process failed \(exit 2\): .*"):
+        suite.jax_elsewhere("no_such_function", {"x": np.zeros(1)}, "B=1, T=1")
+    assert suite.res.compile == []
+
+
 def _fake_row(name: str, batch: int, steps: int, ms: float, floor_ms: float) -> bench_models.Row:
     timing = bench_models.Timing(number=1, samples=[ms / 1e3] * 3)
     label = bench_models.shape_label(batch, steps)
