@@ -346,3 +346,58 @@ def test_triton_forward_variants_are_benchmarked_on_cuda_and_checked() -> None:
         f"Triton smoother, {n} (B=3, T=12)"
         for n in (bm.TRITON_PIECES_8, bm.TRITON_LOOP, bm.TRITON_LOOP_LONG)
     ]
+
+
+def test_tile_sweep_quick_run_measures_the_default_first(tmp_path: Path) -> None:
+    out = tmp_path / "BENCH.md"
+    out.write_text("# Benchmarks\n\nOther text.\n", encoding="utf-8")
+    run_quick("bench_tiles", out, "--device", "cpu")  # Triton's interpreter (tests/conftest.py)
+    text = out.read_text(encoding="utf-8")
+    assert "Other text." in text
+    assert text.count("<!-- bench_tiles:begin -->") == 1
+    for shape in ("B=3, T=20", "B=1, T=6", "B=20, T=4"):
+        rows = [line for line in text.splitlines() if line.startswith(f"| {shape} |")]
+        assert rows[0].startswith(f"| {shape} | default |")
+        assert " 1.00× | — |" in rows[0]
+        assert len(rows) == 3  # the default and the two quick candidates, each timed
+        for row in rows[1:]:
+            assert float(row.rstrip(" |").rsplit("|", 1)[1]) <= 1e-5  # checked against it
+    assert "3 candidates tried, 3 timed." in text
+    assert "6 candidates tried, 6 timed." in text
+    assert_tables_well_formed(text)
+
+
+def test_tile_sweep_candidates_and_report() -> None:
+    from bench import bench_tiles as bt
+
+    smoother = list(bt.smoother_candidates(1, 100_000, 16, quick=False))
+    assert smoother[0] == {}  # the default first
+    assert all(c["block"] <= 32 for c in smoother[1:])  # one sequence: 16 columns
+    assert all(c["chunk"] * c["block"] <= 8192 for c in smoother[1:] if c["sub"] == c["chunk"])
+    assert {c["sub"] for c in smoother[1:]} == {1, 8, 32, 64, 128, 256}
+    wide = list(bt.smoother_candidates(256, 4000, 16, quick=False))
+    assert max(c["block"] for c in wide[1:]) == 256
+    rollout = list(bt.rollout_candidates(1024, quick=False))
+    assert rollout[:3] == [{}, {"pdl": True}, {"precision": "tf32x3"}]
+    assert all(c["config"].use_dot for c in rollout[3:])
+    small = list(bt.rollout_candidates(1, quick=False))
+    assert all(not c["config"].use_dot and c["pdl"] for c in small[3:])
+
+    sweep = bt.Sweep(bt.PLANS[True], torch.device("cpu"), 10.0)
+    shape = (3, 20)
+    sweep.results = [
+        bt.Result("smoother", shape, "default", 2e-3, None),
+        bt.Result("smoother", shape, "chunk=8, block=32, sub=2", 1e-3, 1e-7),
+        bt.Result("smoother", shape, "chunk=4, block=16, sub=1", None, 3e-2, "off"),
+        bt.Result("rollout", (1, 6), "default", 6e-3, None),
+        bt.Result("rollout", (1, 6), "PDL", None, None, "failed: RuntimeError: no"),
+    ]
+    sweep.left = {"rollout": 4}
+    text = bt.render(sweep, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), 12.0, "a machine")
+    assert "| B=3, T=20 | default | 2 | 100 | 1.00× | — |" in text
+    assert "| B=3, T=20 | chunk=8, block=32, sub=2 | 1 | 50 | 0.50× | 1.0e-07 |" in text
+    assert "- B=3, T=20, chunk=4, block=16, sub=1: off by 3.0e-02" in text
+    assert "3 candidates tried, 2 timed." in text
+    assert "2 candidates tried, 1 timed, 4 left for lack of time." in text
+    assert "- B=1, T=6, PDL: failed: RuntimeError: no" in text
+    assert_tables_well_formed(text)

@@ -1,0 +1,346 @@
+"""Tile sweeps of the Triton kernels: the data to choose their defaults by (issue 6).
+
+Usage::
+
+    python -m bench.bench_tiles [--device cuda] [--quick] [--budget-s 150] [--out FILE]
+
+The Triton kernels' tiles were chosen by reasoning, on a machine without a GPU; the first H200 run
+(docs/BENCHMARKS.md) put both kernels well off their targets. GPU time comes in minutes a session,
+so this sweep measures, within a time budget, candidate tiles for the benchmark's shapes:
+
+- the smoother (``smooth_packed_triton``): ``chunk`` × ``block`` × ``sub`` (the forward scanning
+  each chunk in pieces of ``sub`` steps; ``sub == chunk`` is one tree scan of the tile);
+- the Traveller's rollout (``TritonRollout``): ``KernelConfig`` tiles (rows × hidden units ×
+  K, warps), ``tl.dot`` precision (``ieee`` or ``tf32x3``) and programmatic dependent launch.
+
+Each candidate is checked against the default's output (max abs difference; over 1e-5 it is
+flagged, not ranked), then timed: the median of ``reps`` calls after a warm-up call, each call
+synchronised (CUDA events on the GPU). The default runs first, so it is always measured; the rest
+run in order until the budget is spent, and the section says how many did. Reported per shape:
+the default and the fastest candidates, as time per call, µs per step and × the default.
+
+On the CPU (``--device cpu --quick``) the kernels run in Triton's interpreter on tiny shapes: a
+smoke test of the sweep, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bench.bench_models import DEFAULT_OUT, half_spread_lengths, random_sequences, write_section
+from models.packing import pack
+from models.traveller import Traveller
+
+BEGIN = "<!-- bench_tiles:begin -->"
+END = "<!-- bench_tiles:end -->"
+TOLERANCE = 1e-5
+SHOWN = 6  # fastest candidates listed per shape besides the default
+
+
+@dataclass(frozen=True)
+class Plan:
+    smoother_shapes: tuple[tuple[int, int], ...]  # (B, T), lengths T/2..T, 16 features
+    rollout_shapes: tuple[tuple[int, int], ...]  # (B, T), the served Traveller's size
+    hidden: int
+    reps: int
+    quick: bool
+
+
+PLANS = {
+    False: Plan(
+        ((64, 1000), (256, 4000), (1, 100_000)), ((1, 1000), (64, 500), (1024, 200)), 128, 7, False
+    ),
+    True: Plan(((3, 20),), ((1, 6), (20, 4)), 16, 1, True),
+}
+
+
+@dataclass
+class Result:
+    kernel: str  # "smoother" or "rollout"
+    shape: tuple[int, int]
+    config: str
+    seconds: float | None  # None: not timed (failed, or off by more than the tolerance)
+    error: float | None  # max abs difference from the default's output
+    note: str = ""
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+def smoother_candidates(batch: int, steps: int, feat: int, quick: bool) -> Iterator[dict[str, int]]:
+    """The default plan first (no override), then tiles from the likeliest up."""
+    yield {}
+    if quick:
+        yield {"chunk": 4, "block": 16, "sub": 1}
+        yield {"chunk": 8, "block": 32, "sub": 2}
+        return
+    widest = max(32, 1 << (batch * feat - 1).bit_length())  # no wider than the batch's columns
+    for chunk in (64, 128, 32, 256):
+        for block in (b for b in (128, 256, 64, 32) if b <= widest):
+            for sub in (1, 8, chunk):
+                if sub == chunk and chunk * block > 8192:
+                    continue  # one tree scan of a tile that size spills registers
+                yield {"chunk": chunk, "block": block, "sub": sub}
+
+
+def rollout_candidates(batch: int, quick: bool) -> Iterator[dict[str, Any]]:
+    """The default first, then its PDL and tf32x3 forms, then other tiles."""
+    from models.kernels.rollout_triton import KernelConfig
+
+    yield {}
+    yield {"pdl": True}
+    if quick:
+        yield {"config": KernelConfig(2, 8, 16, use_dot=False, num_warps=1)}
+        return
+    yield {"precision": "tf32x3"}
+    if batch < 16:  # broadcast-and-sum (tl.dot pads M to 16), with PDL (faster at B=1)
+        for block_h in (4, 8, 16):
+            for block_k in (128, 64, 256):
+                for warps in (1, 2, 4):
+                    cfg = KernelConfig(batch, block_h, block_k, use_dot=False, num_warps=warps)
+                    yield {"config": cfg, "pdl": True}
+        return
+    for block_b in (32, 64, 16):
+        for block_h in (32, 16, 64):
+            for block_k in (32, 64):
+                for warps in (4, 8):
+                    cfg = KernelConfig(block_b, block_h, block_k, use_dot=True, num_warps=warps)
+                    yield {"config": cfg}
+
+
+def _describe(kwargs: dict[str, Any]) -> str:
+    if not kwargs:
+        return "default"
+    parts = []
+    for key, value in kwargs.items():
+        if key == "config":
+            kind = "dot" if value.use_dot else "sum"
+            parts.append(
+                f"{kind} {value.block_b}×{value.block_h}×{value.block_k}, {value.num_warps} warps"
+            )
+        elif key == "pdl":
+            parts.append("PDL" if value else "no PDL")
+        else:
+            parts.append(f"{key}={value}")
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], object], int], float]:
+    def on_cuda(fn: Callable[[], object], reps: int) -> float:
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return float(statistics.median(times))
+
+    def on_cpu(fn: Callable[[], object], reps: int) -> float:
+        fn()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return float(statistics.median(times))
+
+    return on_cuda if device.type == "cuda" else on_cpu
+
+
+class Sweep:
+    def __init__(self, plan: Plan, device: torch.device, budget_s: float) -> None:
+        self.plan, self.device = plan, device
+        self.budget_s = budget_s  # per kernel, shared evenly by its shapes
+        self.deadline = 0.0
+        self.clock = _timer(device)
+        self.results: list[Result] = []
+        self.left: dict[str, int] = {}  # candidates not tried for lack of time, per kernel
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() > self.deadline
+
+    def _try(
+        self,
+        kernel: str,
+        shape: tuple[int, int],
+        config: str,
+        run: Callable[[], Tensor],
+        want: Tensor | None,
+    ) -> Tensor | None:
+        try:
+            got = run()
+            error = None if want is None else float((got - want).abs().max())
+            if error is not None and error > TOLERANCE:
+                self.results.append(Result(kernel, shape, config, None, error, "off"))
+                return None
+            seconds = self.clock(run, self.plan.reps)
+        except Exception as e:  # a tile the compiler or the GPU refuses is a result too
+            note = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            self.results.append(Result(kernel, shape, config, None, None, note))
+            return None
+        self.results.append(Result(kernel, shape, config, seconds, error))
+        return got
+
+    def smoother(self) -> None:
+        from models.kernels.smoother_triton import smooth_packed_triton
+
+        feat = 16
+        gen = torch.Generator().manual_seed(0)
+        alpha = (0.05 + 0.9 * torch.rand(feat, generator=gen)).to(self.device)
+        wx = (0.2 + 1.5 * torch.rand(feat, generator=gen)).to(self.device)
+        shapes = self.plan.smoother_shapes
+        for batch, steps in shapes:
+            self.deadline = time.perf_counter() + self.budget_s / len(shapes)
+            seqs = random_sequences(half_spread_lengths(batch, steps), feat, seed=steps)
+            packed = pack(seqs, self.device)
+            want: Tensor | None = None
+            for n, tiles in enumerate(smoother_candidates(batch, steps, feat, self.plan.quick)):
+                if n and self.out_of_time():
+                    self.left["smoother"] = self.left.get("smoother", 0) + 1
+                    continue
+
+                def run(tiles: dict[str, int] = tiles, x: Any = packed) -> Tensor:
+                    with torch.inference_mode():
+                        return smooth_packed_triton(
+                            x.data, x.batch_sizes, alpha, wx, None, **tiles
+                        )[0]
+
+                got = self._try("smoother", (batch, steps), _describe(tiles), run, want)
+                if n == 0:
+                    want = got
+
+    def rollout(self) -> None:
+        from models.kernels.rollout_triton import TritonRollout
+
+        torch.manual_seed(0)
+        model = Traveller(6, self.plan.hidden, 2).to(self.device)
+        weights = model.fused_weights()
+        shapes = self.plan.rollout_shapes
+        for batch, steps in shapes:
+            self.deadline = time.perf_counter() + self.budget_s / len(shapes)
+            seqs = random_sequences(half_spread_lengths(batch, steps), 6, seed=steps)
+            packed = pack(seqs, self.device)
+            sizes = packed.batch_sizes.tolist()
+            want: Tensor | None = None
+            for n, kwargs in enumerate(rollout_candidates(batch, self.plan.quick)):
+                if n and self.out_of_time():
+                    self.left["rollout"] = self.left.get("rollout", 0) + 1
+                    continue
+                roll = TritonRollout(**kwargs)
+
+                def run(
+                    roll: TritonRollout = roll, u: Tensor = packed.data, sizes: list[int] = sizes
+                ) -> Tensor:
+                    with torch.inference_mode():
+                        return roll(u, sizes, *weights)[0]
+
+                got = self._try("rollout", (batch, steps), _describe(kwargs), run, want)
+                if n == 0:
+                    want = got
+
+
+# --------------------------------------------------------------------------- report
+
+
+def render(sweep: Sweep, started: dt.datetime, wall: float, machine: str) -> str:
+    plan = sweep.plan
+    out = [
+        BEGIN,
+        f"## Triton tile sweep (`python -m bench.bench_tiles{' --quick' if plan.quick else ''}"
+        f"{' --device ' + sweep.device.type if sweep.device.type != 'cuda' else ''}`)",
+        "",
+        f"{machine}; {started.strftime('%Y-%m-%d %H:%M UTC')}; {wall:.0f} s. Median of "
+        f"{plan.reps} synchronised calls after a warm-up call; each candidate checked against "
+        f"the default's output first (over {TOLERANCE:g} it is listed as off, not timed). The "
+        "default runs first; the rest in order until the time budget was spent.",
+        "",
+    ]
+    if plan.quick:
+        out += ["*Quick mode: tiny shapes, a smoke test of the sweep, not a measurement.*", ""]
+    for kernel, shapes in (("smoother", plan.smoother_shapes), ("rollout", plan.rollout_shapes)):
+        out += [f"### {kernel.capitalize()}", ""]
+        out += ["| shape | tiles | ms per call | µs per step | × default | max abs diff |"]
+        out += ["|---|---|---|---|---|---|"]
+        for batch, steps in shapes:
+            rows = [r for r in sweep.results if r.kernel == kernel and r.shape == (batch, steps)]
+            timed = [r for r in rows if r.seconds is not None]
+            if not timed:
+                continue
+            default = next((r for r in rows if r.config == "default"), None)
+            base = default.seconds if default is not None and default.seconds else None
+            best = sorted((r for r in timed if r is not default), key=lambda r: r.seconds or 0)
+            for r in ([default] if default is not None else []) + best[:SHOWN]:
+                seconds = r.seconds or 0.0
+                ratio = f"{seconds / base:.2f}×" if base else "n/a"
+                err = "—" if r.error is None else f"{r.error:.1e}"
+                out.append(
+                    f"| B={batch}, T={steps} | {r.config} | {seconds * 1e3:.3g} | "
+                    f"{seconds / steps * 1e6:.3g} | {ratio} | {err} |"
+                )
+        out.append("")
+        tried = [r for r in sweep.results if r.kernel == kernel]
+        bad = [r for r in tried if r.seconds is None]
+        out.append(
+            f"{len(tried)} candidates tried, {len(tried) - len(bad)} timed"
+            + (f", {sweep.left[kernel]} left for lack of time" if kernel in sweep.left else "")
+            + "."
+        )
+        for r in bad[:10]:
+            what = r.note if r.note != "off" else f"off by {r.error:.1e}"
+            out.append(f"- B={r.shape[0]}, T={r.shape[1]}, {r.config}: {what}")
+        out.append("")
+    out.append(END)
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test)")
+    parser.add_argument("--budget-s", type=float, default=150.0, help="stop trying after this")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file to write")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("bench_tiles: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("bench_tiles: on the CPU the kernels need TRITON_INTERPRET=1", file=sys.stderr)
+        return 2
+    if device.type == "cuda":
+        machine = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    else:
+        machine = "CPU, Triton's interpreter"
+    plan = PLANS[args.quick]
+    started = dt.datetime.now(dt.UTC)
+    t0 = time.perf_counter()
+    sweep = Sweep(plan, device, args.budget_s / 2)  # half each, shared by the kernel's shapes
+    sweep.smoother()
+    sweep.rollout()
+    section = render(sweep, started, time.perf_counter() - t0, machine)
+    write_section(args.out, section, BEGIN, END)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
