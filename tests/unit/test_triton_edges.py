@@ -138,3 +138,28 @@ def test_custom_op_fake_implementation_agrees_with_the_real_one() -> None:
         pos, h, c, p = op(fu, sizes, fw, fb, torch.empty(8, 2, dtype=DTYPE),
                           torch.empty(2, dtype=DTYPE))  # fmt: skip
     assert [tuple(t.shape) for t in (pos, h, c, p)] == [(8, 2), (2, 3, 8), (2, 3, 8), (3, 2)]
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="reads the interpreter's kernel object (its kwargs)"
+)
+def test_the_kernels_are_made_with_their_options() -> None:
+    """``_jit`` of each module, called directly: the kernels are built at import, before a
+    test (or a mutant) runs, so what their decorators hand Triton is checked here."""
+
+    def kernel(x_ptr, n_steps, n_feat, n_cols, n_chunks, k, BLOCK):  # type: ignore[no-untyped-def]
+        return None
+
+    def helper(a, b):  # type: ignore[no-untyped-def]
+        return a
+
+    made = st._jit(kernel)
+    assert made.fn is kernel
+    # batch-dependent integers are not specialised on (one binary per tile plan); n_feat is
+    assert made.kwargs["do_not_specialize"] == ["n_steps", "n_cols", "n_chunks"]
+    assert st._jit(helper).kwargs["do_not_specialize"] == []
+
+    made = rt._jit(do_not_specialize=["k"])(kernel)
+    assert made.fn is kernel
+    assert made.kwargs["do_not_specialize"] == ["k"]
+    assert not rt._jit()(helper).kwargs.get("do_not_specialize")
