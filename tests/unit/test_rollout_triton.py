@@ -312,6 +312,48 @@ def test_tiles() -> None:
     assert rt.kernel_config(1024, 128).block_h == 16  # 256 programs a layer on the GPU
 
 
+def _pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+@pytest.mark.parametrize("hidden", [4, 8, 16, 100, 128, 256])
+def test_tiles_are_powers_of_two_for_every_bucket(hidden: int) -> None:
+    """tl.arange needs powers of two: every tile of every bucket, on the GPU and interpreted."""
+    for rows in (1 << i for i in range(12)):
+        for interpret in (False, True):
+            cfg = rt.kernel_config(rows, hidden, interpret=interpret)
+            tiles = (cfg.block_b, cfg.block_h, cfg.block_k)
+            assert all(_pow2(t) for t in tiles), (rows, hidden, interpret, tiles)
+
+
+def test_tiles_follow_the_documented_policy() -> None:
+    """Under 16 rows: broadcast-and-sum, 8 hidden units a program on the GPU (more programs
+    stream the weights), all units in one program interpreted (up to 64), and K tiles of about
+    2048 elements (16 to 128); from 16 rows: tl.dot with 16-row tiles up to 128 rows, 32 above,
+    16 hidden units on the GPU."""
+    gpu = {rows: rt.kernel_config(rows, 128) for rows in (1, 2, 4, 8, 16, 128, 256, 1024)}
+    assert [(c.block_b, c.block_h, c.block_k, c.use_dot) for c in gpu.values()] == [
+        (1, 8, 128, False),
+        (2, 8, 128, False),
+        (4, 8, 64, False),
+        (8, 8, 32, False),
+        (16, 16, 32, True),
+        (16, 16, 32, True),
+        (32, 16, 32, True),
+        (32, 16, 32, True),
+    ]
+    interpreted = [rt.kernel_config(rows, 128, interpret=True) for rows in (1, 2, 8, 16, 256)]
+    assert [(c.block_b, c.block_h, c.block_k) for c in interpreted] == [
+        (1, 64, 32),
+        (2, 64, 16),
+        (8, 64, 16),
+        (16, 64, 32),
+        (32, 64, 32),
+    ]
+    assert rt.kernel_config(4, 4, interpret=True).block_h == 8  # at least 8 units
+    assert rt.kernel_config(32, 8, interpret=True).block_h == 16  # tl.dot's minimum
+
+
 def _scripted_caller(
     u: Tensor,
     batch_sizes: List[int],  # noqa: UP006
