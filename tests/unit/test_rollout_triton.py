@@ -7,9 +7,11 @@ edges are where kernels break. Shapes are small: the interpreter pays per operat
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import warnings
-from typing import List, Optional, Tuple  # noqa: UP035 - TorchScript reads these
+from typing import Any, List, Optional, Tuple  # noqa: UP035 - TorchScript reads these
 
 import pytest
 import torch
@@ -378,3 +380,64 @@ def test_custom_op_is_callable_from_torchscript() -> None:
     h0 = torch.full((2, 2, 8), 0.1, dtype=DTYPE, device=DEVICE)
     got = scripted(u, sizes, w_cat, bias, w_out, b_out, h0)
     assert_same(tuple(got), rollout_packed(u, sizes, w_cat, bias, w_out, b_out, h0))
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("device", "want"),
+    [(None, torch.device("cuda", 3)), ("cuda", torch.device("cuda", 3)), ("cuda:1", "cuda:1")],
+)
+def test_warm_up_keys_its_bucket_by_the_device_tensors_name(
+    monkeypatch: pytest.MonkeyPatch, device: str | None, want: Any
+) -> None:
+    """A bucket is keyed by the device as the request tensors name it (``cuda:N``, never a bare
+    ``cuda``, else the warm bucket is never found again); CUDA by default, with room for 1024
+    rows and 1024 steps (1025 launches) unless told. Checked here without a GPU: the CUDA calls
+    it makes are stood in for."""
+    reserved: list[tuple[int, int]] = []
+
+    class Workspace:
+        lock = threading.Lock()
+
+        def reserve(self, rows: int, steps: int) -> None:
+            reserved.append((rows, steps))
+            raise _Stop
+
+    shapes: list[Any] = []
+    roll = rt.TritonRollout()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(rt, "_on", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(rt, "_refuse_capture", lambda dev: None)
+    monkeypatch.setattr(roll, "workspace", lambda shape: shapes.append(shape) or Workspace())
+    kwargs = {} if device is None else {"device": device}
+    with pytest.raises(_Stop):
+        roll.warm_up(5, 2, 16, 3, **kwargs)
+    (shape,) = shapes
+    assert shape.device == torch.device(want)
+    assert (shape.rows, shape.layers, shape.hidden, shape.num_inputs) == (8, 2, 16, 3)
+    assert shape.dtype == torch.float32
+    assert reserved == [(1024, 1025)]
+
+
+def test_module_warm_up_defaults_to_cuda_and_1024_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    class Recorder:
+        def warm_up(self, *args: Any, **kwargs: Any) -> None:
+            calls.append((*args, kwargs))
+
+    monkeypatch.setattr(rt, "_DEFAULT", Recorder())
+    rt.warm_up(3, 2, 16, 6)
+    assert calls == [
+        (
+            rows,
+            2,
+            16,
+            6,
+            {"dtype": torch.float32, "device": "cuda", "rows": rows * 1024, "steps": 1024},
+        )
+        for rows in (1, 2, 4)
+    ]
