@@ -441,3 +441,84 @@ def test_module_warm_up_defaults_to_cuda_and_1024_steps(monkeypatch: pytest.Monk
         )
         for rows in (1, 2, 4)
     ]
+
+
+class _FakeGraph:
+    """A stand-in for torch.cuda.CUDAGraph: what was captured runs again at each replay."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+        self.captures = 0
+
+    def replay(self) -> None:
+        for call in self.calls:
+            call()
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch: pytest.MonkeyPatch) -> list[_FakeGraph]:
+    """CUDA graphs on the CPU: capture records each chunk's launches instead of running them
+    (as a real capture queues nothing), replay runs them; returns every graph captured."""
+    made: list[_FakeGraph] = []
+    capturing: list[_FakeGraph] = []
+
+    @contextlib.contextmanager
+    def capture(graph: _FakeGraph, capture_error_mode: str = "global") -> Any:
+        assert capture_error_mode == "thread_local"  # other threads may use CUDA meanwhile
+        graph.captures += 1
+        made.append(graph)
+        capturing.append(graph)
+        try:
+            yield
+        finally:
+            capturing.pop()
+
+    real_launch = rt.TritonRollout._launch
+
+    def launch(self: Any, ws: Any, steps: int) -> None:
+        if capturing:
+            capturing[-1].calls.append(lambda: real_launch(self, ws, steps))
+        else:
+            real_launch(self, ws, steps)
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", capture)
+    monkeypatch.setattr(rt.TritonRollout, "_launch", launch)
+    monkeypatch.setattr(rt.TritonRollout, "_use_graphs", lambda self, ws: True)
+    return made
+
+
+def test_graph_replays_compute_the_rollout_once_captured(fake_graphs: list[_FakeGraph]) -> None:
+    """The CUDA-graph path, run on the CPU with graphs stood in for: 10 steps run as 11
+    launches, chunks of 4 + 4 + 2 + 1 replayed from one graph per chunk size, each captured
+    once and reused by the next call."""
+    roll = rt.TritonRollout(config=GEMV, max_chunk=4)
+    sizes = [3] * 6 + [1] * 4
+    u = packed(sizes, 2, seed=12)
+    w = weights(2, 8, 2, seed=12)
+    want = rollout_packed(u, sizes, *w)
+    assert_same(roll(u, sizes, *w), want)
+    (ws,) = roll._workspaces.values()
+    assert sorted(ws.graphs) == [1, 2, 4]
+    assert roll.replays == 4
+    assert [g.captures for g in fake_graphs] == [1, 1, 1]
+    assert [len(g.calls) for g in fake_graphs] == [1, 1, 1]  # one chunk launch each
+    assert_same(roll(u, sizes, *w), want)  # replayed, not captured again
+    assert len(fake_graphs) == 3
+    assert roll.replays == 8
+
+
+def test_warm_up_captures_each_chunk_size_once(fake_graphs: list[_FakeGraph]) -> None:
+    roll = rt.TritonRollout(config=GEMV, max_chunk=8)
+    roll.warm_up(3, 1, 8, 2, dtype=DTYPE, device=DEVICE, rows=40, steps=20)
+    (ws,) = roll._workspaces.values()
+    assert sorted(ws.graphs) == [1, 2, 4, 8]
+    assert [g.captures for g in fake_graphs] == [1, 1, 1, 1]
+    captured = {steps: graph for steps, graph in ws.graphs.items()}
+    sizes = [3] * 20
+    u = packed(sizes, 2, seed=13)
+    w = weights(2, 8, 1, seed=13)
+    assert_same(roll(u, sizes, *w), rollout_packed(u, sizes, *w))  # 21 launches: 8+8+4+1
+    assert ws.graphs == captured  # the warm graphs, none captured again
+    assert len(fake_graphs) == 4
+    assert roll.replays == 4
