@@ -163,3 +163,22 @@ def test_the_kernels_are_made_with_their_options() -> None:
     assert made.fn is kernel
     assert made.kwargs["do_not_specialize"] == ["k"]
     assert not rt._jit()(helper).kwargs.get("do_not_specialize")
+
+
+@pytest.mark.parametrize(
+    ("chunk", "block", "warps"),
+    [(16, 16, 2), (32, 32, 2), (32, 64, 4), (64, 64, 8), (32, 128, 8), (256, 128, 8)],
+)
+def test_warps_follow_the_tile(chunk: int, block: int, warps: int) -> None:
+    """About 16 elements a thread, 2 to 8 warps (the interpreter ignores warps: this is the only
+    check of them on the CPU)."""
+    plan = st.plan_tiles(1000, 64, 16, chunk=chunk, block=block)
+    assert plan.warps == warps
+    assert plan.forward_warps == warps  # one tree scan of the tile: the same
+
+
+@pytest.mark.parametrize(("block", "carry", "warps"), [(16, 512, 8), (32, 256, 8), (32, 64, 4)])
+def test_carry_scan_warps_follow_its_tile(block: int, carry: int, warps: int) -> None:
+    plan = st.plan_tiles(1000, 64, 16, block=block, carry=carry)
+    assert plan.carry_block == min(block, 32)
+    assert plan.carry_warps == warps
