@@ -462,3 +462,45 @@ def test_the_model_warms_nothing_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> 
     model.kernel = "triton"  # CPU parameters: the Triton path here is the interpreter's only
     assert model.warm_up(1000) == 0
     assert called == []
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+def test_no_kernel_reads_a_buffer_it_did_not_write(
+    monkeypatch: pytest.MonkeyPatch, with_state: bool
+) -> None:
+    """Every buffer the module allocates uninitialised (torch.empty, empty_like) is filled with
+    NaN first: a kernel that reads one before writing it (a stand-in pointer read as a state,
+    a row left unwritten) turns the outputs or the gradients into NaN, where fresh memory, often
+    zeros, would hide it."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poisoned(t: Tensor) -> Tensor:
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-(2**30))
+
+    monkeypatch.setattr(triton_mod.torch, "empty", lambda *a, **k: poisoned(real_empty(*a, **k)))
+    monkeypatch.setattr(
+        triton_mod.torch, "empty_like", lambda *a, **k: poisoned(real_empty_like(*a, **k))
+    )
+    seqs = random_seqs([9, 3, 14, 6, 1], 2, seed=31, dtype=torch.float64)
+    packed = pack(seqs, DEVICE)
+    alpha, wx = random_params(2, 31, torch.float64)
+    x = packed.data.clone().requires_grad_()
+    a, w = alpha.to(DEVICE).requires_grad_(), wx.to(DEVICE).requires_grad_()
+    init = torch.randn(5, 2, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    s0 = init if with_state else None
+    y, final = smooth_packed_triton(x, packed.batch_sizes, a, w, s0, chunk=4, block=4, carry=2)
+    (y.sum() + 2 * final.sum()).backward()
+    grads = [t.grad for t in (x, a, w, init) if t.grad is not None]
+    assert len(grads) == (4 if with_state else 3)
+    assert all(bool(torch.isfinite(t).all()) for t in (y, final, *grads))
+    monkeypatch.undo()  # the same again on fresh memory: equal
+    x2, a2, w2 = (t.detach().clone().requires_grad_() for t in (x, a, w))
+    init2 = init.detach().clone().requires_grad_()
+    y2, final2 = smooth_packed_triton(
+        x2, packed.batch_sizes, a2, w2, init2 if with_state else None, chunk=4, block=4, carry=2
+    )
+    (y2.sum() + 2 * final2.sum()).backward()
+    torch.testing.assert_close(y, y2, atol=0, rtol=0)
+    grads2 = [t.grad for t in (x2, a2, w2, init2) if t.grad is not None]
+    for got, want in zip(grads, grads2, strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
