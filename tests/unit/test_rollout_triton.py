@@ -522,3 +522,21 @@ def test_warm_up_captures_each_chunk_size_once(fake_graphs: list[_FakeGraph]) ->
     assert ws.graphs == captured  # the warm graphs, none captured again
     assert len(fake_graphs) == 4
     assert roll.replays == 4
+
+
+def test_options_are_kept_and_defaults_are_the_measured_ones() -> None:
+    """Defaults: 64-step graphs, graphs on CUDA, ``ieee`` (1e-5 against the CPU), tiles by
+    ``kernel_config``, PDL off (on the H200 it helped at B=1 and halved B=1024's speed)."""
+    roll = rt.TritonRollout()
+    assert (roll.max_chunk, roll.graphs, roll.precision, roll.config, roll.pdl) == (
+        64, None, "ieee", None, False,
+    )  # fmt: skip
+    for precision in ("ieee", "tf32x3", "tf32"):
+        roll = rt.TritonRollout(
+            max_chunk=8, graphs=False, precision=precision, config=GEMV, pdl=True
+        )
+        assert (roll.max_chunk, roll.graphs, roll.precision, roll.config, roll.pdl) == (
+            8, False, precision, GEMV, True,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="precision must be ieee, tf32x3 or tf32, got 'bf16'"):
+        rt.TritonRollout(precision="bf16")
