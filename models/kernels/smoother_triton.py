@@ -494,26 +494,20 @@ def tile_plans(n_feat: int, max_steps: int) -> list[tuple[int, int, int]]:
 
     ``block`` depends only on the number of columns (128 from 128 columns on, so 1 to 128
     sequences meet every block), ``carry`` only on ``block``, and for a given number of columns
-    ``chunk`` never falls as the steps grow and moves a power of two at a time, so the plans
-    met are every power of two between the chunks of the shortest and the longest batch.
+    ``chunk`` never falls as the steps grow (a longer batch needs fewer, longer chunks to fill
+    the GPU) and moves a power of two at a time, so the plans met are every power of two
+    between the chunks of a one-step batch and of a ``max_steps`` one.
     Several column counts give each block; the ones that matter are the fewest and the most
-    columns with it (the fill loop stops sooner with more column blocks).
+    columns with it (the fill loop stops sooner with more column blocks). Past 128 sequences
+    the block is 128, whose chunk is at most 32 and never shortened, whatever the columns.
     """
-    steps = {1, max_steps}
-    k = 1
-    while k <= max_steps:
-        steps |= {k - 1, k, k + 1}
-        k *= 2
-    steps = {n for n in steps if 1 <= n <= max_steps}
     extremes: dict[int, list[int]] = {}  # block -> [fewest, most] sequences giving it
     for n_seqs in range(1, 129):
         block = plan_tiles(1, n_seqs, n_feat).block
         extremes.setdefault(block, [n_seqs, n_seqs])[1] = n_seqs
-    if 128 in extremes:  # wider batches add column blocks: the most, a million sequences
-        extremes[128][1] = 1 << 20
     plans = set()
     for block, seqs in extremes.items():
-        chunks = [plan_tiles(n, b, n_feat).chunk for b in seqs for n in steps]
+        chunks = [plan_tiles(n, b, n_feat).chunk for b in seqs for n in (1, max_steps)]
         carry = _CARRY_TILE // min(block, 32)
         chunk = min(chunks)
         while chunk <= max(chunks):

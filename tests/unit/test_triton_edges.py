@@ -15,6 +15,8 @@ import torch
 rt = pytest.importorskip("models.kernels.rollout_triton")
 st = pytest.importorskip("models.kernels.smoother_triton")
 
+from models.kernels import ema_packed_torch  # noqa: E402
+from models.packing import pack  # noqa: E402
 from models.traveller import rollout_packed  # noqa: E402
 from tests.unit.test_rollout_triton import DEVICE, DTYPE, assert_same, packed, weights  # noqa: E402
 
@@ -182,3 +184,47 @@ def test_carry_scan_warps_follow_its_tile(block: int, carry: int, warps: int) ->
     plan = st.plan_tiles(1000, 64, 16, block=block, carry=carry)
     assert plan.carry_block == min(block, 32)
     assert plan.carry_warps == warps
+
+
+@pytest.mark.parametrize(
+    ("n_steps", "n_seqs", "n_feat", "chunk", "block"),
+    [
+        (10, 1, 16, 16, 16),  # a short sequence: one chunk of 16
+        (100_000, 1, 16, 64, 16),  # one long sequence, split in time until ~1024 programs
+        (4000, 256, 16, 32, 128),  # wide: 32 column blocks, 32-step chunks (4096 elements)
+        (10, 17, 1, 16, 32),  # 17 columns: the next power of two
+        (70, 1, 1, 32, 16),
+        (5000, 3, 16, 32, 64),  # 48 columns
+    ],
+)
+def test_the_planner_picks_the_documented_tiles(
+    n_steps: int, n_seqs: int, n_feat: int, chunk: int, block: int
+) -> None:
+    """Columns first (a power of two, 16 to 128), then chunks of at most 4096 // block steps,
+    shortened (down to 32) until the grid has about 1024 programs."""
+    plan = st.plan_tiles(n_steps, n_seqs, n_feat)
+    assert (plan.chunk, plan.block, plan.sub) == (chunk, block, chunk)
+    assert plan.carry == 8192 // min(block, 32)
+
+
+def test_compute_dtype_is_float32_but_for_float64() -> None:
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        assert st._compute_dtype(dtype) == torch.float32
+    assert st._compute_dtype(torch.float64) == torch.float64
+
+
+def test_parameters_are_cast_to_the_data_s_precision() -> None:
+    """float64 data with float32 constants (a model whose weights stayed float32) computes in
+    float64: the reference is the float64 recursion of the constants as stored."""
+    gen = torch.Generator().manual_seed(40)
+    seqs = [torch.randn(n, 3, generator=gen, dtype=torch.float64) for n in (30, 12)]
+    packed = pack(seqs)
+    alpha32 = torch.tensor([0.3, 0.6, 0.95], dtype=torch.float32)
+    wx32 = torch.tensor([1.5, 0.7, 2.0], dtype=torch.float32)
+    y, _ = st.smooth_packed_triton(
+        packed.data.to(DEVICE), packed.batch_sizes, alpha32.to(DEVICE), wx32.to(DEVICE), chunk=8
+    )
+    assert y.dtype == torch.float64
+    a, w = alpha32.double(), wx32.double()
+    s = ema_packed_torch(packed.data, packed.batch_sizes, a, None)
+    torch.testing.assert_close(y.cpu(), torch.tanh(w * s), atol=1e-12, rtol=0)
