@@ -540,3 +540,90 @@ def test_options_are_kept_and_defaults_are_the_measured_ones() -> None:
         )  # fmt: skip
     with pytest.raises(ValueError, match="precision must be ieee, tf32x3 or tf32, got 'bf16'"):
         rt.TritonRollout(precision="bf16")
+
+
+def test_refusals_say_exactly_what_is_wrong() -> None:
+    """Each refusal's whole message (anchored: a message with text around it is another one)."""
+    w = weights(2, 4, 1)
+    u = packed([2, 1], 2)
+    roll = rt.TritonRollout()
+    cases: list[tuple[Any, str]] = [
+        (lambda: roll(u, [1, 2], *w), r"^batch_sizes must be non-increasing and positive$"),
+        (lambda: roll(u[:0], [], *w), r"^batch_sizes must be non-empty and start >= 1$"),
+        (
+            lambda: roll(u, [2, 1], *w, c0=torch.zeros(1, 3, 4, dtype=DTYPE, device=DEVICE)),
+            r"^c0 must have shape \[1, 2, 4\], got \[1, 3, 4\]$",
+        ),
+        (
+            lambda: roll(u, [2, 1], *w, p0=torch.zeros(2, 3, dtype=DTYPE, device=DEVICE)),
+            r"^p0 must have shape \[2, 2\], got \[2, 3\]$",
+        ),
+        (
+            lambda: roll(u.double() if DEVICE.type == "cuda" else u.float(), [2, 1], *w),
+            r"^weights and inputs must share dtype and device$",
+        ),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_every_layer_weight_shape_is_checked() -> None:
+    w_cat, bias, w_out, b_out = weights(2, 4, 2)
+    u = packed([2, 1], 2)
+    bad = [w_cat[0], w_cat[1][:-1]]  # layer 1 takes [h_0, h_1]: 8 rows, not 7
+    with pytest.raises(ValueError, match=r"^weight of shape \[7, 16\], expected \[8, 16\]$"):
+        rt.TritonRollout()(u, [2, 1], bad, bias, w_out, b_out)
+
+
+def test_the_int32_index_bound_counts_the_two_output_columns() -> None:
+    """u [N, NI] and the positions [N, 2] are indexed with int32: refused from 2**31 elements
+    of the larger (checked on views that hold no memory)."""
+    one = torch.zeros(1, 1)
+    fits = 2**30 - 1  # 2 * fits < 2**31: the positions fit
+    assert rt._check_sizes([fits], one.expand(fits, 1)) == [fits]
+    with pytest.raises(ValueError, match=r"^more than 2\*\*31 input elements \(the kernels"):
+        rt._check_sizes([2**30], one.expand(2**30, 1))
+    assert rt._check_sizes([2**28 - 1], one.expand(2**28 - 1, 8)) == [2**28 - 1]
+    with pytest.raises(ValueError, match="more than 2"):
+        rt._check_sizes([2**28], one.expand(2**28, 8))
+
+
+def test_the_cpu_refusal_names_the_remedy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match=r"^the triton rollout runs on CUDA tensors \(or on"):
+        rt.check_device(torch.device("cpu"))
+
+
+def test_pdl_is_ignored_on_the_cpu() -> None:
+    """Programmatic dependent launch is a CUDA launch option: asked for on the CPU (the
+    interpreter has no gdc_wait), the rollout runs without it."""
+    sizes = [2, 2, 1]
+    u = packed(sizes, 2, seed=14)
+    w = weights(2, 4, 1, seed=14)
+    assert_same(rt.TritonRollout(pdl=True)(u, sizes, *w), rollout_packed(u, sizes, *w))
+
+
+def test_schedules_hold_t_plus_one_steps_and_no_stale_tail() -> None:
+    """T steps run T + 1 launches: the schedule needs T + 1 entries, and a shorter call after a
+    longer one reads only its own (a stale tail would miscount the lengths and so pick the
+    wrong plane of h)."""
+    roll = rt.TritonRollout(config=GEMV, max_chunk=64)
+    w = weights(2, 4, 1, seed=15)
+    long_sizes = [2] * 128  # 129 entries: one past the first schedule's 128
+    u = packed(long_sizes, 2, seed=15)
+    assert_same(roll(u, long_sizes, *w), rollout_packed(u, long_sizes, *w))
+    short = [2, 2, 1]
+    u2 = packed(short, 2, seed=16)
+    assert_same(roll(u2, short, *w), rollout_packed(u2, short, *w))
+
+
+def test_the_workspace_precision_is_the_asked_one_for_float32_only() -> None:
+    roll = rt.TritonRollout(precision="tf32x3", config=GEMV)
+    w64 = weights(2, 4, 1)
+    for dtype, want in ((torch.float32, "tf32x3"), (torch.float64, "ieee")):
+        w = [[t.to(dtype) for t in w64[0]], [t.to(dtype) for t in w64[1]]]
+        w += [w64[2].to(dtype), w64[3].to(dtype)]
+        roll(packed([1], 2).to(dtype), [1], *w)
+        (ws,) = [ws for shape, ws in roll._workspaces.items() if shape.dtype == dtype]
+        assert ws.precision == want
