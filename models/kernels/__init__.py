@@ -14,6 +14,7 @@ package (triton) import it lazily, so ``import models`` works without it.
 from __future__ import annotations
 
 import functools
+import os
 
 from models.kernels.smoother_cpu import (
     ema_packed_numba,
@@ -33,10 +34,18 @@ def triton_available() -> bool:
     return True
 
 
+def triton_interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter (on CPU tensors): ``TRITON_INTERPRET``
+    read as Triton reads it, true for 1, true, yes or on in any case (the rollout once read only
+    "1", and refused the CPU tensors Triton would have interpreted)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
 __all__ = [
     "ema_packed_numba",
     "ema_packed_torch",
     "last_step_rows",
     "numba_available",
     "triton_available",
+    "triton_interpreting",
 ]

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra import cuda as tl_cuda
+
+from models.kernels import triton_interpreting
 
 __all__ = [
     "KernelConfig",
@@ -403,7 +404,7 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager[object]:
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return triton_interpreting()
 
 
 class TritonRollout:

@@ -41,7 +41,6 @@ Importing this module imports triton; :mod:`models.smoothing` does so lazily. Un
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from models.kernels import triton_interpreting
 
 __all__ = ["TilePlan", "plan_tiles", "smooth_packed_triton", "tile_plans", "warm_up"]
 
@@ -544,7 +545,7 @@ def warm_up(
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+    return triton_interpreting()
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

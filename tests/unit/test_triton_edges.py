@@ -8,6 +8,7 @@ Run on the CPU under TRITON_INTERPRET=1 (as CI does) or on CUDA.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -228,3 +229,32 @@ def test_parameters_are_cast_to_the_data_s_precision() -> None:
     a, w = alpha32.double(), wx32.double()
     s = ema_packed_torch(packed.data, packed.batch_sizes, a, None)
     torch.testing.assert_close(y.cpu(), torch.tanh(w * s), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("module", [st, rt], ids=["smoother", "rollout"])
+def test_the_interpreter_switch_reads_every_spelling(
+    monkeypatch: pytest.MonkeyPatch, module: Any
+) -> None:
+    """TRITON_INTERPRET as Triton itself reads it: 1, true, yes, on, in any case; unset or
+    anything else is off."""
+    for value in ("1", "true", "TRUE", "Yes", "yes", "on", "ON"):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert module._interpreting(), value
+    for value in ("0", "false", "off", "no", ""):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert not module._interpreting(), value
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not module._interpreting()
+
+
+def test_the_smoother_on_cpu_tensors_without_the_interpreter_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    one = torch.ones(1)
+    with pytest.raises(
+        RuntimeError,
+        match=r"^the triton smoother needs CUDA tensors \(or TRITON_INTERPRET=1 to test on the "
+        r"CPU\)$",
+    ):
+        st.smooth_packed_triton(torch.zeros(2, 1), torch.tensor([1, 1]), one, one)
