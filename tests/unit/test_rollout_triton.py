@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import types
 import warnings
 from typing import Any, List, Optional, Tuple  # noqa: UP035 - TorchScript reads these
 
@@ -230,7 +231,11 @@ def test_a_capture_into_another_graph_is_refused_on_cuda_only(
     run: the attempt failed halfway, and later calls hit an illegal memory access)."""
     capturing = [True]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    with pytest.raises(RuntimeError, match="cannot be captured into another CUDA graph"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^the triton rollout replays CUDA graphs of its own and cannot be captured into "
+        r"another CUDA graph; call it outside torch.cuda.graph \(it needs no outer graph\)$",
+    ):
         rt._refuse_capture(torch.device("cuda", 0))
     rt._refuse_capture(torch.device("cpu"))  # the interpreter captures nothing
     capturing[0] = False
@@ -627,3 +632,13 @@ def test_the_workspace_precision_is_the_asked_one_for_float32_only() -> None:
         roll(packed([1], 2).to(dtype), [1], *w)
         (ws,) = [ws for shape, ws in roll._workspaces.items() if shape.dtype == dtype]
         assert ws.precision == want
+
+
+def test_graphs_are_used_on_cuda_unless_turned_off() -> None:
+    def ws(device: str) -> Any:
+        return types.SimpleNamespace(shape=types.SimpleNamespace(device=torch.device(device)))
+
+    for graphs, on_cuda in ((None, True), (True, True), (False, False)):
+        roll = rt.TritonRollout(graphs=graphs)
+        assert bool(roll._use_graphs(ws("cuda"))) is on_cuda
+        assert not roll._use_graphs(ws("cpu"))  # the interpreter captures nothing
