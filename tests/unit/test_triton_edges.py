@@ -258,3 +258,23 @@ def test_the_smoother_on_cpu_tensors_without_the_interpreter_says_so(
         r"CPU\)$",
     ):
         st.smooth_packed_triton(torch.zeros(2, 1), torch.tensor([1, 1]), one, one)
+
+
+@pytest.mark.parametrize("name", ["chunk", "block", "carry", "sub"])
+def test_each_tile_override_reaches_the_planner(name: str) -> None:
+    """The tiles a test or benchmark asks for are the ones run (each is checked by the planner:
+    a bad one is refused, so one silently dropped would not be)."""
+    data = torch.zeros(3, 2, dtype=DTYPE, device=DEVICE)
+    one = torch.ones(2, dtype=DTYPE, device=DEVICE)
+    with pytest.raises(ValueError, match=f"^{name} must be a power of two, got 24$"):
+        st.smooth_packed_triton(data, torch.tensor([1, 1, 1]), one, one, **{name: 24})
+    with pytest.raises(ValueError, match=r"^sub \(8\) must not exceed chunk \(4\)$"):
+        st.smooth_packed_triton(data, torch.tensor([1, 1, 1]), one, one, chunk=4, sub=8)
+
+
+def test_the_fill_loop_counts_column_blocks_and_stops_at_1024_programs() -> None:
+    # 64 column blocks of 16: 391 chunks of 256 already give 25,024 programs
+    assert st.plan_tiles(100_000, 64, 16, block=16).chunk == 256
+    # one column block: 65,536 steps in chunks of 64 are exactly 1024 programs, enough
+    assert st.plan_tiles(65_536, 1, 16).chunk == 64
+    assert st.plan_tiles(65_472, 1, 16).chunk == 32  # 1023 chunks of 64: halved once more
