@@ -644,3 +644,14 @@ def test_graphs_are_used_on_cuda_unless_turned_off() -> None:
         roll = rt.TritonRollout(graphs=graphs)
         assert bool(roll._use_graphs(ws("cuda"))) is on_cuda
         assert not roll._use_graphs(ws("cpu"))  # the interpreter captures nothing
+
+
+def test_a_traveller_without_inputs_runs_free() -> None:
+    """num_inputs = 0: the rollout is driven by its fed-back position alone (u is [N, 0])."""
+    sizes = [2, 2, 1]
+    w = weights(0, 8, 2, seed=17)
+    u = torch.zeros(sum(sizes), 0, dtype=DTYPE, device=DEVICE)
+    got = rt.TritonRollout(config=GEMV)(u, sizes, *w)
+    want = rollout_packed(u, sizes, *w)
+    assert_same(got, want)
+    assert float(want[0].abs().max()) > 0.05  # it moves
