@@ -527,3 +527,19 @@ async def test_the_fast_path_takes_every_model_name_of_one_segment(
         assert orjson.loads(sent[1]["body"])["loc"] == ["path", "name"]
     else:
         assert sent == []
+
+
+async def test_request_durations_are_the_time_each_request_took(app_client: AppClient) -> None:
+    """The histogram's sum lies between 0 and the wall time around the requests (a duration
+    computed from the wrong clock difference is far outside it)."""
+    async with app_client() as (_, client):
+        t0 = time.perf_counter()
+        for n in (3, 5, 2):
+            body = orjson.dumps({"sequences": [[[0.5] * 16] * n]})
+            assert (await client.post("/smooth", content=body)).status_code == 200
+        wall = time.perf_counter() - t0
+        text = (await client.get("/metrics")).text
+    labels = {"endpoint": "smooth", "code": "200"}
+    assert value(text, "rnnserve_request_duration_seconds_count", **labels) == 3
+    total = value(text, "rnnserve_request_duration_seconds_sum", **labels)
+    assert 0 < total <= wall
