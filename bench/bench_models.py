@@ -538,6 +538,7 @@ class Suite:
         self.plan = plan
         # JAX in a process of its own per case (the default on CUDA): no JAX in this process
         self.jax_process = jax_process
+        self.jax_elsewhere_ready = False  # process mode, asked for and installed
         self.device = torch.device(plan.device)
         self.cuda = self.device.type == "cuda"
         self.wait: Callable[[object], object] = _cuda_wait if self.cuda else _no_wait
@@ -560,6 +561,7 @@ class Suite:
                 _log(f"skipping the JAX rows: {self.jax_reason}")
                 return
             self.jax_version = f"{importlib.metadata.version('jax')} (in a process of its own)"
+            self.jax_elsewhere_ready = True
             self.res.notes.append(
                 "JAX rows: each measured in a process of its own (`--jax process`, the default on "
                 "CUDA), right after the other rows of its shape were set up and before they were "
@@ -806,7 +808,7 @@ class Suite:
         own (``python -m bench.jax_baselines``): its output and its timing, as ``measure`` would
         take them (the same number of rounds, each sample about ``sample_s`` long). A crash
         there costs this row only."""
-        if importlib.util.find_spec("jax") is None:
+        if not self.jax_elsewhere_ready:  # --no-jax, or not installed
             raise Unavailable(self.jax_reason)
         with tempfile.TemporaryDirectory(prefix="rnnserve-jax-") as tmp:
             inputs, result = Path(tmp) / "inputs.npz", Path(tmp) / "result.npz"

@@ -129,9 +129,17 @@ def test_jax_rows_measured_in_a_process_of_their_own(tmp_path: Path) -> None:
     assert_tables_well_formed(text)
 
 
-def test_a_failing_jax_process_costs_its_row_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_jax_means_no_jax_process_either() -> None:
+    """``--no-jax`` in process mode (CUDA's default, and gpu_check.sh's fallback) runs none."""
     suite = bench_models.Suite(bench_models.PLANS[("cpu", True)], use_jax=False, jax_process=True)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # "installed"
+    with pytest.raises(bench_models.Unavailable, match=r"^not tried \(--no-jax\)$"):
+        suite.jax_elsewhere("smoother_scan", {"x": np.zeros(1)}, "B=1, T=1")
+    assert suite.res.compile == []
+
+
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed (the optional `bench` extra)")
+def test_a_failing_jax_process_costs_its_row_only() -> None:
+    suite = bench_models.Suite(bench_models.PLANS[("cpu", True)], use_jax=True, jax_process=True)
     with pytest.raises(bench_models.Unavailable, match=r"its process failed \(exit 2\): .*"):
         suite.jax_elsewhere("no_such_function", {"x": np.zeros(1)}, "B=1, T=1")
     assert suite.res.compile == []
