@@ -102,6 +102,7 @@ SMOOTH_FLAT = "LinearRecursion.smooth_flat (no packing; the server's CPU path)"
 TRITON_PIECES_8 = "Triton smoother, forward in pieces of 8 steps (sub=8)"
 TRITON_LOOP = "Triton smoother, forward as a loop over the steps (sub=1)"
 TRITON_LOOP_LONG = "Triton smoother, loop over 256-step chunks (chunk=256, sub=1)"
+TRITON_CHAINED = "Triton smoother, single-pass chained scan (scan=chained)"
 EXPECTED_SMOOTHER = {"ema_packed_numba": 1.7, "ema_packed_torch": 30.0, "seed-style": 6000.0}
 EXPECTED_TS_HIDDEN64 = {1: 26 / 10, 64: 209 / 100}  # fused cells + TorchScript vs nn.LSTM
 EXPECTED_EAGER_HIDDEN64 = {1: 42 / 10, 64: 193 / 100}  # fused cells, eager vs nn.LSTM
@@ -703,8 +704,9 @@ class Suite:
 
             return name, build
 
-        def pieces(name: str, **tiles: int) -> tuple[str, Builder]:
-            """The Triton kernel with its forward scanning each chunk in pieces (``sub``)."""
+        def pieces(name: str, **tiles: Any) -> tuple[str, Builder]:
+            """The Triton kernel with other tiles or another forward design: each chunk scanned
+            in pieces (``sub``), or the chained single-pass scan (``scan``)."""
 
             def build() -> Case:
                 from models.kernels.smoother_triton import smooth_packed_triton
@@ -719,9 +721,11 @@ class Suite:
             return name, build
 
         # variants of the Triton forward to choose between by measurement (CUDA only): the
-        # default scans each [chunk, block] tile as one tree; these walk the chunk in pieces
+        # default scans each [chunk, block] tile as one tree in three launches; the chained scan
+        # is one launch reading x once; the rest walk the default's chunks in pieces
         variants = (
             [
+                pieces(TRITON_CHAINED, scan="chained"),
                 pieces(TRITON_PIECES_8, sub=8),
                 pieces(TRITON_LOOP, sub=1),
                 pieces(TRITON_LOOP_LONG, chunk=256, sub=1),

@@ -8,8 +8,10 @@ The Triton kernels' tiles were chosen by reasoning, on a machine without a GPU; 
 (docs/BENCHMARKS.md) put both kernels well off their targets. GPU time comes in minutes a session,
 so this sweep measures, within a time budget, candidate tiles for the benchmark's shapes:
 
-- the smoother (``smooth_packed_triton``): ``chunk`` × ``block`` × ``sub`` (the forward scanning
-  each chunk in pieces of ``sub`` steps; ``sub == chunk`` is one tree scan of the tile);
+- the smoother (``smooth_packed_triton``): the single-pass chained scan (``scan="chained"``, one
+  program per column block walking its chunks in order) with its ``chunk`` × ``block`` tiles, then
+  the default chunked scan's ``chunk`` × ``block`` × ``sub`` (the forward scanning each chunk in
+  pieces of ``sub`` steps; ``sub == chunk`` is one tree scan of the tile);
 - the Traveller's rollout (``TritonRollout``): ``KernelConfig`` tiles (rows × hidden units ×
   K, warps), ``tl.dot`` precision (``ieee`` or ``tf32x3``) and programmatic dependent launch.
 
@@ -79,13 +81,20 @@ class Result:
 # --------------------------------------------------------------------------- candidates
 
 
-def smoother_candidates(batch: int, steps: int, feat: int, quick: bool) -> Iterator[dict[str, int]]:
-    """The default plan first (no override), then tiles from the likeliest up."""
+def smoother_candidates(batch: int, steps: int, feat: int, quick: bool) -> Iterator[dict[str, Any]]:
+    """The default plan first (no override), then the single-pass chained scan (its own plan,
+    then its tiles), then the chunked scan's tiles from the likeliest up."""
     yield {}
     if quick:
+        yield {"scan": "chained", "chunk": 4, "block": 16}
         yield {"chunk": 4, "block": 16, "sub": 1}
         yield {"chunk": 8, "block": 32, "sub": 2}
         return
+    yield {"scan": "chained"}
+    for block in (16, 32, 64):
+        for chunk in (256, 128, 64):
+            if chunk * block <= 8192:
+                yield {"scan": "chained", "chunk": chunk, "block": block}
     widest = max(32, 1 << (batch * feat - 1).bit_length())  # no wider than the batch's columns
     for chunk in (64, 128, 32, 256):
         for block in (b for b in (128, 256, 64, 32) if b <= widest):
@@ -218,7 +227,7 @@ class Sweep:
                     self.left["smoother"] = self.left.get("smoother", 0) + 1
                     continue
 
-                def run(tiles: dict[str, int] = tiles, x: Any = packed) -> Tensor:
+                def run(tiles: dict[str, Any] = tiles, x: Any = packed) -> Tensor:
                     with torch.inference_mode():
                         return smooth_packed_triton(
                             x.data, x.batch_sizes, alpha, wx, None, **tiles

@@ -12,7 +12,7 @@ columns each step is one contiguous span. A tile is ``[CHUNK steps, BLOCK column
 sequence's end a step is the identity map, so a chunk's summary carries a finished sequence's
 final state through unchanged.
 
-Forward (three launches; x is read twice, y written once):
+Forward, chunked (three launches; x is read twice, y written once):
 
 1. :func:`_fwd_chunk_summary`, grid ``(n_chunks, col_blocks)``: scan the tile with a zero
    carry-in; keep the chunk's composed map ``(A_c, B_c)`` per column.
@@ -21,6 +21,14 @@ Forward (three launches; x is read twice, y written once):
    ``carry[n_chunks]`` = each sequence's final state, also written to the ``final`` output).
 3. :func:`_fwd_replay`, same grid as 1: rescan the tile from its carry-in, write
    ``y = tanh(wx * s)``.
+
+Forward, chained (``scan="chained"``, one launch; x read once, y written once):
+:func:`_fwd_chained`, grid ``(col_blocks,)``: each program walks its column block's tiles in time
+order and carries the state between them in registers. Parallel across columns only, so it suits
+wide batches (a program per sequence at F <= 16) and not one long sequence; it has no carry
+arrays and no second read of x. Which design serves is :data:`DEFAULT_SCAN`: "chunked", the one
+measured on an H200 so far; the chained scan is timed beside it by ``bench.bench_models`` and
+``bench.bench_tiles`` on the next GPU run, and the default follows the measurement.
 
 Backward (the same three-launch shape, in reverse time): the adjoint ``lam_t = dL/ds_t`` obeys
 ``lam_t = g_t + alpha * lam_{t+1}`` (``g_t`` the direct gradient through ``y_t``), a scan from
@@ -52,7 +60,16 @@ from torch import Tensor
 
 from models.kernels import triton_interpreting
 
-__all__ = ["TilePlan", "plan_tiles", "smooth_packed_triton", "tile_plans", "warm_up"]
+__all__ = [
+    "DEFAULT_SCAN",
+    "SCANS",
+    "TilePlan",
+    "plan_tiles",
+    "sequence_lengths",
+    "smooth_packed_triton",
+    "tile_plans",
+    "warm_up",
+]
 
 
 # Integer arguments that change from batch to batch. Triton compiles one variant per value class
@@ -243,6 +260,54 @@ def _fwd_replay(  # type: ignore[no-untyped-def]
 
 
 @_jit
+def _fwd_chained(  # type: ignore[no-untyped-def]
+    x_ptr,
+    bs_ptr,
+    off_ptr,
+    len_ptr,
+    alpha_ptr,
+    wx_ptr,
+    init_ptr,
+    y_ptr,
+    s_ptr,
+    final_ptr,
+    n_steps,
+    n_feat,
+    n_cols,
+    HAS_INIT: tl.constexpr,
+    STORE_S: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+) -> None:
+    # The single-pass forward: one program per block of columns walks its tiles in time order,
+    # the state carried from tile to tile in registers; x is read once and nothing but y (and s,
+    # for a backward pass) is written. Sequences are sorted longest first, so the block's first
+    # sequence is its longest and bounds the trips; past a shorter one's end, identity maps.
+    col = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = col < n_cols
+    feat = col % n_feat
+    alpha = tl.load(alpha_ptr + feat, mask=col_ok, other=0.0)
+    wx = tl.load(wx_ptr + feat, mask=col_ok, other=0.0)
+    if HAS_INIT:
+        state = tl.load(init_ptr + col, mask=col_ok, other=0.0).to(alpha.dtype)
+    else:
+        state = tl.zeros([BLOCK], dtype=alpha.dtype)
+    steps = tl.load(len_ptr + (tl.program_id(0) * BLOCK) // n_feat)
+    last = (tl.arange(0, CHUNK) == CHUNK - 1)[:, None]
+    for t0 in range(0, steps, CHUNK):
+        t = t0 + tl.arange(0, CHUNK)
+        x, active, addr = _load_tile(x_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
+        a, b = _step_maps(x.to(alpha.dtype), active, alpha, t, HAS_INIT)
+        acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
+        s = acc_a * state[None, :] + acc_b
+        tl.store(y_ptr + addr, _tanh(wx[None, :] * s), mask=active)
+        if STORE_S:  # for the backward pass
+            tl.store(s_ptr + addr, s, mask=active)
+        state = tl.sum(tl.where(last, s, 0.0), 0)  # past a sequence's end: carried unchanged
+    tl.store(final_ptr + col, state, mask=col_ok)
+
+
+@_jit
 def _adjoint_maps(  # type: ignore[no-untyped-def]
     s_ptr,
     gy_ptr,
@@ -395,6 +460,9 @@ def _bwd_replay(  # type: ignore[no-untyped-def]
 
 
 _MIN_PROGRAMS = 1024  # about 8 per SM on an H200 (132 SMs)
+SCANS = ("chunked", "chained")
+# "chunked" is the design measured on an H200 (session 6); "chained" waits for its measurement
+DEFAULT_SCAN = "chunked"
 _CARRY_TILE = 8192  # chunk summaries per trip of the carry scan, × columns
 
 
@@ -407,7 +475,9 @@ class TilePlan:
     """Tile sizes for one packed batch: ``CHUNK`` steps × ``BLOCK`` flattened columns per
     program, scanned ``SUB`` steps at a time in the forward kernels (``sub == chunk``: the whole
     tile in one tree scan), and ``CARRY`` chunks per trip of the carry scan (over
-    ``carry_block`` columns)."""
+    ``carry_block`` columns). ``scan``: the forward's design, "chunked" (three launches, parallel
+    in time) or "chained" (one launch, one program per column block walking its tiles in order;
+    ``carry`` and ``sub`` unused); the backward pass is chunked either way."""
 
     n_steps: int
     n_seqs: int
@@ -417,6 +487,7 @@ class TilePlan:
     carry: int
     carry_block: int
     sub: int
+    scan: str = "chunked"
 
     @property
     def n_cols(self) -> int:
@@ -429,6 +500,10 @@ class TilePlan:
     @property
     def grid(self) -> tuple[int, int]:
         return (self.n_chunks, triton.cdiv(self.n_cols, self.block))
+
+    @property
+    def chained_grid(self) -> tuple[int]:
+        return (triton.cdiv(self.n_cols, self.block),)
 
     @property
     def carry_grid(self) -> tuple[int]:
@@ -460,15 +535,25 @@ def plan_tiles(
     block: int | None = None,
     carry: int | None = None,
     sub: int | None = None,
+    scan: str | None = None,
 ) -> TilePlan:
     """Pick tile sizes (powers of two); explicit sizes are for tests.
 
-    At most 4096 elements per tile (16 KiB of fp32, 16 per thread at 8 warps). Columns first,
-    up to 128 (512 contiguous bytes per step at F = 16); then the chunk is shortened, down to
-    32 steps, until the grid has about ``_MIN_PROGRAMS`` programs: a wide batch gets many
-    column blocks, a single long sequence many time chunks, and either fills the GPU.
+    At most 4096 elements per tile (16 KiB of fp32, 16 per thread at 8 warps). Chunked: columns
+    first, up to 128 (512 contiguous bytes per step at F = 16); then the chunk is shortened, down
+    to 32 steps, until the grid has about ``_MIN_PROGRAMS`` programs: a wide batch gets many
+    column blocks, a single long sequence many time chunks, and either fills the GPU. Chained
+    (``scan="chained"``; :data:`DEFAULT_SCAN` when None): parallel across columns only, so the
+    narrowest block that holds a step of one sequence (16 columns at F <= 16: one program per
+    sequence), and the longest chunk that fits, for the fewest trips.
     """
+    scan = scan or DEFAULT_SCAN
+    if scan not in SCANS:
+        raise ValueError(f"scan must be one of {', '.join(SCANS)}, got {scan!r}")
     n_cols = n_seqs * n_feat
+    if scan == "chained":
+        block = block or min(128, max(16, _pow2(n_feat)))
+        chunk = chunk or min(256, max(16, 4096 // block), max(16, _pow2(n_steps)))
     block = block or min(128, max(16, _pow2(n_cols)))
     if chunk is None:
         chunk = min(256, max(16, 4096 // block), max(16, _pow2(n_steps)))
@@ -486,12 +571,15 @@ def plan_tiles(
             raise ValueError(f"{name} must be a power of two, got {v}")
     if sub > chunk:
         raise ValueError(f"sub ({sub}) must not exceed chunk ({chunk})")
-    return TilePlan(n_steps, n_seqs, n_feat, chunk, block, carry, carry_block, sub)
+    return TilePlan(n_steps, n_seqs, n_feat, chunk, block, carry, carry_block, sub, scan)
 
 
-def tile_plans(n_feat: int, max_steps: int) -> list[tuple[int, int, int]]:
+def tile_plans(n_feat: int, max_steps: int, scan: str | None = None) -> list[tuple[int, int, int]]:
     """Every ``(chunk, block, carry)`` that :func:`plan_tiles` picks for ``n_feat`` features,
     any number of sequences and 1 to ``max_steps`` steps: the variants to compile in advance.
+
+    Chained (``scan``; :data:`DEFAULT_SCAN` when None): the block depends only on ``n_feat`` and
+    the chunk grows with the steps up to its cap, a power of two at a time.
 
     ``block`` depends only on the number of columns (128 from 128 columns on, so 1 to 128
     sequences meet every block), ``carry`` only on ``block``, and for a given number of columns
@@ -502,6 +590,10 @@ def tile_plans(n_feat: int, max_steps: int) -> list[tuple[int, int, int]]:
     columns with it (the fill loop stops sooner with more column blocks). Past 128 sequences
     the block is 128, whose chunk is at most 32 and never shortened, whatever the columns.
     """
+    if (scan or DEFAULT_SCAN) == "chained":
+        shortest, longest = (plan_tiles(n, 1, n_feat, scan="chained") for n in (1, max_steps))
+        powers = range(shortest.chunk.bit_length() - 1, longest.chunk.bit_length())
+        return [(1 << k, shortest.block, shortest.carry) for k in powers]
     extremes: dict[int, list[int]] = {}  # block -> [fewest, most] sequences giving it
     for n_seqs in range(1, 129):
         block = plan_tiles(1, n_seqs, n_feat).block
@@ -538,7 +630,7 @@ def warm_up(
     sizes = torch.ones(1, dtype=torch.int64)
     alpha = alpha.detach().to(device=data.device, dtype=dtype)
     wx = wx.detach().to(device=data.device, dtype=dtype)
-    plans = tile_plans(n_feat, max_steps)
+    plans = tile_plans(n_feat, max_steps)  # of the default scan, which serving runs
     for chunk, block, carry in plans:
         smooth_packed_triton(data, sizes, alpha, wx, None, chunk=chunk, block=block, carry=carry)
     return len(plans)
@@ -552,6 +644,75 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _chunked_forward(
+    x: Tensor,
+    bs: Tensor,
+    off: Tensor,
+    alpha_c: Tensor,
+    wx_c: Tensor,
+    init_c: Tensor | None,
+    y: Tensor,
+    s: Tensor,
+    final: Tensor,
+    plan: TilePlan,
+    store_s: bool,
+) -> None:
+    """The three-launch forward (chunk summaries, carry scan, replay) into ``y``, ``final``
+    and, with ``store_s``, ``s``."""
+    n_chunks, n_cols = plan.n_chunks, plan.n_cols
+    cdt = alpha_c.dtype
+    has_init = init_c is not None
+    carry = torch.empty((n_chunks + 1, n_cols), dtype=cdt, device=x.device)
+    sum_a = torch.empty((n_chunks, n_cols), dtype=cdt, device=x.device)
+    sum_b = torch.empty_like(sum_a)
+    common = (plan.n_steps, plan.n_feat, n_cols)
+    _fwd_chunk_summary[plan.grid](
+        x,
+        bs,
+        off,
+        alpha_c,
+        sum_a,
+        sum_b,
+        *common,
+        HAS_INIT=has_init,
+        CHUNK=plan.chunk,
+        BLOCK=plan.block,
+        SUB=plan.sub,
+        num_warps=plan.forward_warps,
+    )
+    _carry_scan[plan.carry_grid](
+        sum_a,
+        sum_b,
+        carry,
+        carry if init_c is None else init_c,
+        final,
+        n_chunks,
+        n_cols,
+        REVERSE=False,
+        HAS_INIT=has_init,
+        CARRY=plan.carry,
+        BLOCK=plan.carry_block,
+        num_warps=plan.carry_warps,
+    )
+    _fwd_replay[plan.grid](
+        x,
+        bs,
+        off,
+        alpha_c,
+        wx_c,
+        carry,
+        y,
+        s,
+        *common,
+        HAS_INIT=has_init,
+        STORE_S=store_s,
+        CHUNK=plan.chunk,
+        BLOCK=plan.block,
+        SUB=plan.sub,
+        num_warps=plan.forward_warps,
+    )
+
+
 class _SmootherFn(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -562,69 +723,45 @@ class _SmootherFn(torch.autograd.Function):
         init: Tensor | None,
         bs: Tensor,
         off: Tensor,
+        lens: Tensor | None,
         plan: TilePlan,
+        grad_enabled: bool,
     ) -> tuple[Tensor, Tensor]:
         cdt = _compute_dtype(data.dtype)
         x = data.contiguous()
         alpha_c = alpha.detach().to(device=x.device, dtype=cdt).contiguous()
         wx_c = wx.detach().to(device=x.device, dtype=cdt).contiguous()
-        n_chunks, n_cols = plan.n_chunks, plan.n_cols
+        n_cols = plan.n_cols
         init_c = None if init is None else init.detach().contiguous()
-        carry = torch.empty((n_chunks + 1, n_cols), dtype=cdt, device=x.device)
         final = torch.empty((plan.n_seqs, plan.n_feat), dtype=data.dtype, device=x.device)
-        sum_a = torch.empty((n_chunks, n_cols), dtype=cdt, device=x.device)
-        sum_b = torch.empty_like(sum_a)
         y = torch.empty_like(x)
         has_init = init is not None
         common = (plan.n_steps, plan.n_feat, n_cols)
-        _fwd_chunk_summary[plan.grid](
-            x,
-            bs,
-            off,
-            alpha_c,
-            sum_a,
-            sum_b,
-            *common,
-            HAS_INIT=has_init,
-            CHUNK=plan.chunk,
-            BLOCK=plan.block,
-            SUB=plan.sub,
-            num_warps=plan.forward_warps,
-        )
-        _carry_scan[plan.carry_grid](
-            sum_a,
-            sum_b,
-            carry,
-            carry if init_c is None else init_c,
-            final,
-            n_chunks,
-            n_cols,
-            REVERSE=False,
-            HAS_INIT=has_init,
-            CARRY=plan.carry,
-            BLOCK=plan.carry_block,
-            num_warps=plan.carry_warps,
-        )
-        needs_grad = any(ctx.needs_input_grad[:4])
+        # needs_input_grad is set by requires_grad alone, under no_grad and inference_mode too
+        needs_grad = grad_enabled and any(ctx.needs_input_grad[:4])
         # s is kept for the backward pass only; without one, y stands in as the unused pointer
         s = torch.empty(x.shape, dtype=cdt, device=x.device) if needs_grad else y
-        _fwd_replay[plan.grid](
-            x,
-            bs,
-            off,
-            alpha_c,
-            wx_c,
-            carry,
-            y,
-            s,
-            *common,
-            HAS_INIT=has_init,
-            STORE_S=needs_grad,
-            CHUNK=plan.chunk,
-            BLOCK=plan.block,
-            SUB=plan.sub,
-            num_warps=plan.forward_warps,
-        )
+        if plan.scan == "chained":
+            _fwd_chained[plan.chained_grid](
+                x,
+                bs,
+                off,
+                lens,
+                alpha_c,
+                wx_c,
+                final if init_c is None else init_c,  # final stands in when there is no state
+                y,
+                s,
+                final,
+                *common,
+                HAS_INIT=has_init,
+                STORE_S=needs_grad,
+                CHUNK=plan.chunk,
+                BLOCK=plan.block,
+                num_warps=plan.warps,
+            )
+        else:
+            _chunked_forward(x, bs, off, alpha_c, wx_c, init_c, y, s, final, plan, needs_grad)
         # the initial state is s_{-1} for the alpha gradient (y stands in when there is none)
         ctx.save_for_backward(x, s, y if init_c is None else init_c, alpha_c, wx_c, bs, off)
         ctx.plan = plan
@@ -708,7 +845,16 @@ class _SmootherFn(torch.autograd.Function):
         dinit = None
         if ctx.has_init:  # s_0 = alpha * init + ...: dL/dinit = alpha * lam_0
             dinit = (alpha_c * rcarry[0].view(plan.n_seqs, plan.n_feat)).to(init_dt)
-        return dx.to(x_dt), dalpha, dwx, dinit, None, None, None
+        return dx.to(x_dt), dalpha, dwx, dinit, None, None, None, None, None
+
+
+def sequence_lengths(batch_sizes: Tensor) -> Tensor:
+    """Each sorted sequence's length from a PackedSequence's (non-increasing) step sizes: the
+    number of steps with more sequences than its index (O(B log T), no [B, T] comparison)."""
+    sizes = batch_sizes.to(device="cpu", dtype=torch.int64)
+    n_seqs = int(sizes[0]) if sizes.numel() else 0
+    below = torch.arange(n_seqs, dtype=torch.int64)
+    return sizes.numel() - torch.searchsorted(sizes.flip(0), below, right=True)
 
 
 def smooth_packed_triton(
@@ -722,6 +868,7 @@ def smooth_packed_triton(
     block: int | None = None,
     carry: int | None = None,
     sub: int | None = None,
+    scan: str | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``y = tanh(wx * s)`` over packed rows, and each sequence's final state ``s``.
 
@@ -731,7 +878,8 @@ def smooth_packed_triton(
     order). Differentiable in ``data``, ``alpha``, ``wx`` and ``init``. ``chunk``, ``block``,
     ``carry`` and ``sub`` override :func:`plan_tiles`'s tiles (tests, benchmarks); ``sub`` below
     ``chunk`` scans each chunk ``sub`` steps at a time in the forward kernels (``sub=1``: a loop
-    over the steps), the variant to measure against one tree scan per tile.
+    over the steps), the variant to measure against one tree scan per tile. ``scan`` picks the
+    forward's design (see :class:`TilePlan`; :data:`DEFAULT_SCAN` when None).
     """
     if data.device.type == "cpu" and not _interpreting():
         raise RuntimeError(
@@ -746,9 +894,19 @@ def smooth_packed_triton(
         raise ValueError(f"expected a state of shape [{n_seqs}, {n_feat}], got {list(init.shape)}")
     if data.shape[0] == 0 or n_feat == 0:
         return torch.tanh(wx * data), data.new_zeros((n_seqs, n_feat))
-    plan = plan_tiles(sizes.numel(), n_seqs, n_feat, chunk=chunk, block=block, carry=carry, sub=sub)
-    # one host-to-device copy for both batch_sizes and the row offsets (exclusive cumsum)
-    meta = torch.stack([sizes, torch.cumsum(sizes, 0) - sizes]).to(data.device, non_blocking=True)
-    bs, off = meta[0], meta[1]
-    y, final = _SmootherFn.apply(data, alpha, wx, init, bs, off, plan)
+    plan = plan_tiles(
+        sizes.numel(), n_seqs, n_feat, chunk=chunk, block=block, carry=carry, sub=sub, scan=scan
+    )
+    # one host-to-device copy for batch_sizes, the row offsets (exclusive cumsum) and, for the
+    # chained scan, each sequence's length: how many steps have more sequences than its index
+    parts = [sizes, torch.cumsum(sizes, 0) - sizes]
+    if plan.scan == "chained":
+        parts.append(sequence_lengths(sizes))
+    meta = torch.cat(parts).to(data.device, non_blocking=True)
+    n = sizes.numel()
+    bs, off = meta[:n], meta[n : 2 * n]
+    lens = meta[2 * n :] if plan.scan == "chained" else None
+    y, final = _SmootherFn.apply(
+        data, alpha, wx, init, bs, off, lens, plan, torch.is_grad_enabled()
+    )
     return y, final

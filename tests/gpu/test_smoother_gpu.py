@@ -80,6 +80,35 @@ def test_forward_in_pieces_equals_the_cpu_path(
     torch.testing.assert_close(final.cpu(), want_final, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(("n_seqs", "n_steps", "feat"), SHAPES)
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+@pytest.mark.parametrize(
+    "tiles", [{}, {"chunk": 64, "block": 32}, {"chunk": 128, "block": 64}], ids=str
+)
+def test_chained_scan_equals_the_cpu_path(
+    n_seqs: int, n_steps: int, feat: int, with_state: bool, tiles: dict[str, int]
+) -> None:
+    """The single-pass chained forward (its own plan, and tiles of the sweep), served as the
+    server runs it and with its states kept for a backward pass."""
+    packed = batch(n_seqs, n_steps, feat, seed=n_steps + 2, dtype=torch.float32)
+    alpha, wx = params(feat, torch.float32)
+    init = torch.randn(n_seqs, feat) if with_state else None
+    want_y, want_final = cpu_forward(packed, alpha, wx, init)
+    for mode in (torch.inference_mode, torch.enable_grad):
+        with mode():
+            y, final = smooth_packed_triton(
+                packed.data.to(CUDA),
+                packed.batch_sizes,
+                alpha.to(CUDA).requires_grad_(mode is torch.enable_grad),
+                wx.to(CUDA),
+                None if init is None else init.to(CUDA),
+                scan="chained",
+                **tiles,
+            )
+        torch.testing.assert_close(y.detach().cpu(), want_y, atol=1e-5, rtol=0)
+        torch.testing.assert_close(final.detach().cpu(), want_final, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize(("n_seqs", "n_steps", "feat"), [(64, 1000, 16), (1, 100_000, 16)])
 def test_float64_on_cuda_is_tight(n_seqs: int, n_steps: int, feat: int) -> None:
     packed = batch(n_seqs, n_steps, feat, seed=1, dtype=torch.float64)

@@ -332,18 +332,20 @@ def test_quick_http_benchmark(tmp_path: Path) -> None:
     importlib.util.find_spec("triton") is None, reason="the Triton smoother needs triton"
 )
 def test_triton_forward_variants_are_benchmarked_on_cuda_and_checked() -> None:
-    """The CUDA run times the Triton forward scanned in pieces (sub=8, 1; chunk=256) beside
-    the default, each checked against the float64 reference first. Here (no GPU) the suite poses
-    as a CUDA one and the kernels run in Triton's interpreter (tests/conftest.py sets it)."""
+    """The CUDA run times the chained single-pass scan and the Triton forward scanned in pieces
+    (sub=8, 1; chunk=256) beside the default, each checked against the float64 reference first.
+    Here (no GPU) the suite poses as a CUDA one and the kernels run in Triton's interpreter
+    (tests/conftest.py sets it)."""
     bm = bench_models
     suite = bm.Suite(bm.PLANS[("cpu", True)], use_jax=False)
     seqs = bm.random_sequences(bm.half_spread_lengths(3, 12), 16, seed=1)
     x = pack(seqs)
     on_cpu = dict(suite.smoother_builders(seqs, x, "B=3, T=12"))
-    assert not {bm.TRITON_PIECES_8, bm.TRITON_LOOP, bm.TRITON_LOOP_LONG} & set(on_cpu)
+    variants = (bm.TRITON_CHAINED, bm.TRITON_PIECES_8, bm.TRITON_LOOP, bm.TRITON_LOOP_LONG)
+    assert not set(variants) & set(on_cpu)
     suite.cuda = True
     builders = dict(suite.smoother_builders(seqs, x, "B=3, T=12"))
-    for name in (bm.TRITON_PIECES_8, bm.TRITON_LOOP, bm.TRITON_LOOP_LONG):
+    for name in variants:
         case = builders[name]()
         assert case.name == name
         assert case.err < 1e-5
@@ -351,8 +353,7 @@ def test_triton_forward_variants_are_benchmarked_on_cuda_and_checked() -> None:
         assert isinstance(y, torch.Tensor)
         assert y.shape == x.data.shape
     assert [what for what, _ in suite.res.compile] == [
-        f"Triton smoother, {n} (B=3, T=12)"
-        for n in (bm.TRITON_PIECES_8, bm.TRITON_LOOP, bm.TRITON_LOOP_LONG)
+        f"Triton smoother, {n} (B=3, T=12)" for n in variants
     ]
 
 
@@ -363,14 +364,17 @@ def test_tile_sweep_quick_run_measures_the_default_first(tmp_path: Path) -> None
     text = out.read_text(encoding="utf-8")
     assert "Other text." in text
     assert text.count("<!-- bench_tiles:begin -->") == 1
-    for shape in ("B=3, T=20", "B=1, T=6", "B=20, T=4"):
+    # the default and the quick candidates, each timed: the smoother's three (one chained),
+    # each rollout shape's two
+    for shape, n in (("B=3, T=20", 4), ("B=1, T=6", 3), ("B=20, T=4", 3)):
         rows = [line for line in text.splitlines() if line.startswith(f"| {shape} |")]
         assert rows[0].startswith(f"| {shape} | default |")
         assert " 1.00× | — |" in rows[0]
-        assert len(rows) == 3  # the default and the two quick candidates, each timed
+        assert len(rows) == n
         for row in rows[1:]:
             assert float(row.rstrip(" |").rsplit("|", 1)[1]) <= 1e-5  # checked against it
-    assert "3 candidates tried, 3 timed." in text
+    assert "| B=3, T=20 | scan=chained, chunk=4, block=16 |" in text
+    assert "4 candidates tried, 4 timed." in text
     assert "6 candidates tried, 6 timed." in text
     assert_tables_well_formed(text)
 
@@ -380,11 +384,25 @@ def test_tile_sweep_candidates_and_report() -> None:
 
     smoother = list(bt.smoother_candidates(1, 100_000, 16, quick=False))
     assert smoother[0] == {}  # the default first
-    assert all(c["block"] <= 32 for c in smoother[1:])  # one sequence: 16 columns
-    assert all(c["chunk"] * c["block"] <= 8192 for c in smoother[1:] if c["sub"] == c["chunk"])
-    assert {c["sub"] for c in smoother[1:]} == {1, 8, 32, 64, 128, 256}
+    assert smoother[1] == {"scan": "chained"}  # then the chained scan with its own plan
+    chained = [c for c in smoother if c.get("scan") == "chained"]
+    assert smoother[1 : len(chained) + 1] == chained  # all before the chunked scan's tiles
+    assert {(c["chunk"], c["block"]) for c in chained[1:]} == {
+        (256, 16),
+        (128, 16),
+        (64, 16),
+        (256, 32),
+        (128, 32),
+        (64, 32),
+        (128, 64),
+        (64, 64),
+    }
+    chunked = smoother[len(chained) + 1 :]
+    assert all(c["block"] <= 32 for c in chunked)  # one sequence: 16 columns
+    assert all(c["chunk"] * c["block"] <= 8192 for c in chunked if c["sub"] == c["chunk"])
+    assert {c["sub"] for c in chunked} == {1, 8, 32, 64, 128, 256}
     wide = list(bt.smoother_candidates(256, 4000, 16, quick=False))
-    assert max(c["block"] for c in wide[1:]) == 256
+    assert max(c["block"] for c in wide if "sub" in c) == 256
     rollout = list(bt.rollout_candidates(1024, quick=False))
     assert rollout[:3] == [{}, {"pdl": True}, {"precision": "tf32x3"}]
     assert all(c["config"].use_dot for c in rollout[3:])

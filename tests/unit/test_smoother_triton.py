@@ -413,12 +413,15 @@ def test_models_import_and_smooth_without_triton() -> None:
 def test_tile_plans_hold_the_plan_of_every_batch_within_the_limit(
     n_steps: int, n_seqs: int, n_feat: int, headroom: int
 ) -> None:
-    plan = plan_tiles(n_steps, n_seqs, n_feat)
-    assert (plan.chunk, plan.block, plan.carry) in triton_mod.tile_plans(n_feat, n_steps + headroom)
+    for scan in triton_mod.SCANS:
+        plan = plan_tiles(n_steps, n_seqs, n_feat, scan=scan)
+        plans = triton_mod.tile_plans(n_feat, n_steps + headroom, scan=scan)
+        assert (plan.chunk, plan.block, plan.carry) in plans
 
 
+@pytest.mark.parametrize("scan", ["chunked", "chained"])
 @pytest.mark.parametrize(("n_feat", "max_steps"), [(16, 100_000), (16, 10), (3, 4000), (200, 5)])
-def test_tile_plans_are_all_met(n_feat: int, max_steps: int) -> None:
+def test_tile_plans_are_all_met(n_feat: int, max_steps: int, scan: str) -> None:
     """None is compiled in vain: each plan is the plan of some batch within the limit."""
     steps = sorted({*range(1, min(max_steps, 2100) + 1), max_steps})
     steps += [2**k + d for k in range(12, 18) for d in (-1, 0, 1) if 2**k + d <= max_steps]
@@ -426,9 +429,31 @@ def test_tile_plans_are_all_met(n_feat: int, max_steps: int) -> None:
         (p.chunk, p.block, p.carry)
         for n_seqs in (*range(1, 130), 1000, 1 << 20)
         for n in steps
-        for p in [plan_tiles(n, n_seqs, n_feat)]
+        for p in [plan_tiles(n, n_seqs, n_feat, scan=scan)]
     }
-    assert set(triton_mod.tile_plans(n_feat, max_steps)) == met
+    assert set(triton_mod.tile_plans(n_feat, max_steps, scan=scan)) == met
+    assert triton_mod.tile_plans(n_feat, max_steps) == triton_mod.tile_plans(
+        n_feat, max_steps, scan=triton_mod.DEFAULT_SCAN
+    )
+
+
+def test_warm_up_compiles_the_chained_plans_when_chained_is_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Switching DEFAULT_SCAN (once measured) switches what start-up compiles with it."""
+    launched: list[tuple[str, int, int]] = []
+    real = triton_mod.smooth_packed_triton
+
+    def spy(data: Tensor, sizes: Tensor, alpha: Tensor, wx: Tensor, init: Any, **tiles: Any) -> Any:
+        plan = triton_mod.plan_tiles(1, 1, 3, **tiles)
+        launched.append((plan.scan, plan.chunk, plan.block))
+        return real(data, sizes, alpha, wx, init, **tiles)
+
+    monkeypatch.setattr(triton_mod, "smooth_packed_triton", spy)
+    monkeypatch.setattr(triton_mod, "DEFAULT_SCAN", "chained")
+    n = triton_mod.warm_up(3, 100, torch.full((3,), 0.5), torch.ones(3), device="cpu")
+    assert n == 4
+    assert launched == [("chained", c, 16) for c in (16, 32, 64, 128)]
 
 
 def test_warm_up_runs_every_plan_as_the_server_does(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -504,3 +529,178 @@ def test_no_kernel_reads_a_buffer_it_did_not_write(
     grads2 = [t.grad for t in (x2, a2, w2, init2) if t.grad is not None]
     for got, want in zip(grads, grads2, strict=True):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+# -- the chained (single-pass) forward -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+@pytest.mark.parametrize("block", [4, 8], ids=["block-4", "block-8"])
+def test_chained_forward_matches_fp64_loop(
+    dtype: torch.dtype, atol: float, with_state: bool, block: int
+) -> None:
+    """One program per column block walks its chunks in order. F = 3, so a block of 4 or 8
+    columns holds parts of two or three sequences of different lengths: the block's first
+    (longest) sequence bounds its trips, the others end inside them."""
+    lengths = [9, 1, 13, 4, 8, 5, 2]
+    seqs = random_seqs(lengths, 3, seed=41, dtype=dtype)
+    alpha, wx = random_params(3, 41, dtype)
+    init = torch.randn(len(lengths), 3, dtype=dtype) if with_state else None
+    got, final = run_triton(seqs, alpha, wx, init, chunk=4, block=block, scan="chained")
+    want, want_final = loop_reference(
+        [s.numpy() for s in seqs],
+        alpha.numpy(),
+        wx.numpy(),
+        None if init is None else init.double().numpy(),
+    )
+    assert_matches(got, want, atol, final, want_final)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=6),
+    feat=st.integers(1, 3),
+    chunk=st.sampled_from([2, 4, 8, 16]),
+    block=st.sampled_from([2, 4, 16]),
+    with_state=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_chained_random_batches_match_the_loop(
+    lengths: list[int], feat: int, chunk: int, block: int, with_state: bool, seed: int
+) -> None:
+    seqs = random_seqs(lengths, feat, seed, torch.float64)
+    alpha, wx = random_params(feat, seed, torch.float64)
+    init = torch.randn(len(lengths), feat, dtype=torch.float64) if with_state else None
+    got, final = run_triton(seqs, alpha, wx, init, chunk=chunk, block=block, scan="chained")
+    want, want_final = loop_reference(
+        [s.numpy() for s in seqs],
+        alpha.numpy(),
+        wx.numpy(),
+        None if init is None else init.numpy(),
+    )
+    assert_matches(got, want, 1e-12, final, want_final)
+
+
+def test_chained_with_its_own_plan_matches_the_chunked_scan() -> None:
+    # the default chained plan at F = 16: a program per sequence, 16-step chunks here
+    seqs = random_seqs([40, 33, 17, 16, 15, 1], 16, seed=42, dtype=torch.float64)
+    alpha, wx = random_params(16, 42, torch.float64)
+    init = torch.randn(6, 16, dtype=torch.float64)
+    chained, final_c = run_triton(seqs, alpha, wx, init, scan="chained")
+    chunked, final_k = run_triton(seqs, alpha, wx, init, scan="chunked")
+    for a, b in zip(chained, chunked, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    torch.testing.assert_close(final_c, final_k, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+def test_chained_gradcheck_float64(with_state: bool) -> None:
+    """The backward (chunked, reverse) runs on the states the chained forward stored."""
+    seqs = random_seqs([5, 2, 7], 2, seed=43, dtype=torch.float64)
+    packed = pack(seqs, DEVICE)
+    alpha, wx = random_params(2, 43, torch.float64)
+    inputs = [
+        packed.data.clone().requires_grad_(),
+        alpha.to(DEVICE).requires_grad_(),
+        wx.to(DEVICE).requires_grad_(),
+    ]
+    if with_state:
+        inputs.append(torch.randn(3, 2, dtype=torch.float64, device=DEVICE, requires_grad=True))
+
+    def fn(x: Tensor, a: Tensor, w: Tensor, *init: Tensor) -> tuple[Tensor, Tensor]:
+        s0 = init[0] if init else None
+        return smooth_packed_triton(
+            x, packed.batch_sizes, a, w, s0, chunk=2, block=4, carry=2, scan="chained"
+        )
+
+    assert torch.autograd.gradcheck(fn, tuple(inputs), fast_mode=True)
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+def test_chained_reads_no_buffer_it_did_not_write(
+    monkeypatch: pytest.MonkeyPatch, with_state: bool
+) -> None:
+    """As test_no_kernel_reads_a_buffer_it_did_not_write, for the chained forward: y and the
+    final state come out of NaN-filled memory, so a row a program never wrote (a block's trips
+    bounded by a shorter sequence than its longest) is NaN, not a plausible zero."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poisoned(t: Tensor) -> Tensor:
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-(2**30))
+
+    monkeypatch.setattr(triton_mod.torch, "empty", lambda *a, **k: poisoned(real_empty(*a, **k)))
+    monkeypatch.setattr(
+        triton_mod.torch, "empty_like", lambda *a, **k: poisoned(real_empty_like(*a, **k))
+    )
+    lengths = [14, 9, 6, 3, 1]  # two sequences a block: (14, 9), (6, 3), (1)
+    seqs = random_seqs(lengths, 2, seed=44, dtype=torch.float64)
+    alpha, wx = random_params(2, 44, torch.float64)
+    init = torch.randn(5, 2, dtype=torch.float64) if with_state else None
+    got, final = run_triton(seqs, alpha, wx, init, chunk=4, block=4, scan="chained")
+    want, want_final = loop_reference(
+        [s.numpy() for s in seqs],
+        alpha.numpy(),
+        wx.numpy(),
+        None if init is None else init.numpy(),
+    )
+    assert_matches(got, want, 1e-12, final, want_final)
+
+
+@pytest.mark.parametrize(
+    "lengths", [[1], [5], [5, 5, 5], [9, 4, 4, 1], [30, 29, 2, 1, 1, 1]], ids=str
+)
+def test_sequence_lengths_come_back_from_the_step_sizes(lengths: list[int]) -> None:
+    packed = pack(random_seqs(lengths, 1, seed=45), "cpu")
+    got = triton_mod.sequence_lengths(packed.batch_sizes)
+    assert got.tolist() == sorted(lengths, reverse=True)
+    assert got.dtype == torch.int64
+
+
+def test_chained_plan_is_a_program_per_sequence_with_long_chunks() -> None:
+    plan = plan_tiles(4000, 256, 16, scan="chained")
+    assert (plan.scan, plan.block, plan.chunk) == ("chained", 16, 256)
+    assert plan.chained_grid == (256,)  # one program per sequence
+    assert plan.warps == 8
+    short = plan_tiles(20, 3, 6, scan="chained")
+    assert (short.block, short.chunk, short.chained_grid) == (16, 32, (2,))
+    wide = plan_tiles(100, 2, 100, scan="chained")  # a step of one sequence: 100 columns
+    assert (wide.block, wide.chunk) == (128, 32)
+    assert plan_tiles(4000, 256, 16).scan == triton_mod.DEFAULT_SCAN == "chunked"
+
+
+def test_an_unknown_scan_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"^scan must be one of chunked, chained, got 'fast'$"):
+        plan_tiles(10, 2, 3, scan="fast")
+
+
+@pytest.mark.skipif(not ON_CPU, reason="records launches in Triton's interpreter")
+@pytest.mark.parametrize("scan", ["chunked", "chained"])
+def test_states_are_kept_only_where_a_backward_pass_can_follow(
+    monkeypatch: pytest.MonkeyPatch, scan: str
+) -> None:
+    """A forward under no_grad or inference_mode writes no state tensor for a backward pass,
+    even with parameters that require gradients (autograd's needs_input_grad says True there:
+    a model served without requires_grad_(False) would pay a second write of every row)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    stored: list[bool] = []
+    run = InterpretedFunction.run
+
+    def recording(self: Any, *args: Any, grid: Any, **kwargs: Any) -> Any:
+        if "STORE_S" in kwargs:
+            stored.append(bool(kwargs["STORE_S"]))
+        return run(self, *args, grid=grid, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", recording)
+    packed = pack(random_seqs([6, 3], 2, seed=46), "cpu")
+    alpha, wx = (p.requires_grad_() for p in random_params(2, 46))
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            smooth_packed_triton(packed.data, packed.batch_sizes, alpha, wx, scan=scan)
+    assert stored == [False, False]
+    y, _ = smooth_packed_triton(packed.data, packed.batch_sizes, alpha, wx, scan=scan)
+    assert stored == [False, False, True]
+    y.sum().backward()
+    assert alpha.grad is not None
+    assert wx.grad is not None

@@ -127,12 +127,16 @@ def _smoother_launches(dtype: torch.dtype) -> None:
     wx = torch.ones(3, dtype=dtype, requires_grad=True)
     x = packed.data.clone().requires_grad_()
     for init in (None, torch.zeros(3, 3, dtype=dtype, requires_grad=True)):
-        y, final = st.smooth_packed_triton(x, packed.batch_sizes, alpha, wx, init, chunk=4)
-        (y.sum() + final.sum()).backward()
+        for scan in st.SCANS:
+            y, final = st.smooth_packed_triton(
+                x, packed.batch_sizes, alpha, wx, init, chunk=4, scan=scan
+            )
+            (y.sum() + final.sum()).backward()
     with torch.inference_mode():  # as the server runs it: no state kept for a backward pass
         st.smooth_packed_triton(packed.data, packed.batch_sizes, alpha, wx, None, chunk=4)
         for sub in (1, 2):  # the forward scanned in pieces (a loop over steps at 1)
             st.smooth_packed_triton(packed.data, packed.batch_sizes, alpha, wx, None, sub=sub)
+        st.smooth_packed_triton(packed.data, packed.batch_sizes, alpha, wx, None, scan="chained")
 
 
 def _rollout_launches() -> None:
@@ -190,6 +194,7 @@ def test_every_kernel_compiles_for_sm90(launches: list[dict[str, Any]]) -> None:
         ("smoother_triton", "_fwd_chunk_summary"),
         ("smoother_triton", "_carry_scan"),
         ("smoother_triton", "_fwd_replay"),
+        ("smoother_triton", "_fwd_chained"),
         ("smoother_triton", "_bwd_chunk_summary"),
         ("smoother_triton", "_bwd_replay"),
         ("rollout_triton", "_layer_step_kernel"),
@@ -200,6 +205,12 @@ def test_every_kernel_compiles_for_sm90(launches: list[dict[str, Any]]) -> None:
     assert {True, False} <= {j["constexprs"].get("USE_DOT") for j in jobs}
     assert {True, False} <= {j["constexprs"].get("PDL") for j in jobs}
     assert {1, 2} <= {j["constexprs"].get("SUB") for j in jobs}
+    chained = [j["constexprs"] for j in jobs if j["kernel"] == "_fwd_chained"]
+    assert {(c["HAS_INIT"], c["STORE_S"]) for c in chained} == {
+        (False, False),
+        (False, True),
+        (True, True),
+    }
 
     results = _compile(jobs)
     assert [r["job"] for r in results] == [j["id"] for j in jobs]
