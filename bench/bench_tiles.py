@@ -3,6 +3,7 @@
 Usage::
 
     python -m bench.bench_tiles [--device cuda] [--quick] [--budget-s 150] [--out FILE]
+        [--scans chunked,chained] [--kernels smoother,rollout]
 
 The Triton kernels' tiles were chosen by reasoning, on a machine without a GPU; the first H200 run
 (docs/BENCHMARKS.md) put both kernels well off their targets. GPU time comes in minutes a session,
@@ -11,7 +12,10 @@ so this sweep measures, within a time budget, candidate tiles for the benchmark'
 - the smoother (``smooth_packed_triton``): the single-pass chained scan (``scan="chained"``, one
   program per column block walking its chunks in order) with its ``chunk`` × ``block`` tiles, then
   the default chunked scan's ``chunk`` × ``block`` × ``sub`` (the forward scanning each chunk in
-  pieces of ``sub`` steps; ``sub == chunk`` is one tree scan of the tile);
+  pieces of ``sub`` steps; ``sub == chunk`` is one tree scan of the tile); the single-pass
+  look-back scan (``scan="lookback"``) only when ``--scans`` names it: its programs wait on one
+  another, so a fault there is a hang, and ``scripts/gpu_check.sh`` sweeps it in a step (and a
+  process, under a timeout) of its own;
 - the Traveller's rollout (``TritonRollout``): ``KernelConfig`` tiles (rows × hidden units ×
   K, warps), ``tl.dot`` precision (``ieee`` or ``tf32x3``) and programmatic dependent launch.
 
@@ -49,6 +53,10 @@ BEGIN = "<!-- bench_tiles:begin -->"
 END = "<!-- bench_tiles:end -->"
 TOLERANCE = 1e-5
 SHOWN = 6  # fastest candidates listed per shape besides the default
+# the smoother's forward designs swept by default; "lookback" spins on flags other programs set,
+# so it is swept on its own (scripts/gpu_check.sh gives it a step and a timeout of its own)
+DEFAULT_SCANS = ("chunked", "chained")
+KERNELS = ("smoother", "rollout")
 
 
 @dataclass(frozen=True)
@@ -81,20 +89,35 @@ class Result:
 # --------------------------------------------------------------------------- candidates
 
 
-def smoother_candidates(batch: int, steps: int, feat: int, quick: bool) -> Iterator[dict[str, Any]]:
-    """The default plan first (no override), then the single-pass chained scan (its own plan,
-    then its tiles), then the chunked scan's tiles from the likeliest up."""
+def smoother_candidates(
+    batch: int, steps: int, feat: int, quick: bool, scans: Sequence[str] = DEFAULT_SCANS
+) -> Iterator[dict[str, Any]]:
+    """The default plan first (no override), then of ``scans`` in this order: the single-pass
+    chained scan (its own plan, then its tiles), the look-back scan (likewise), the chunked
+    scan's tiles from the likeliest up."""
     yield {}
     if quick:
-        yield {"scan": "chained", "chunk": 4, "block": 16}
-        yield {"chunk": 4, "block": 16, "sub": 1}
-        yield {"chunk": 8, "block": 32, "sub": 2}
+        if "chained" in scans:
+            yield {"scan": "chained", "chunk": 4, "block": 16}
+        if "lookback" in scans:
+            yield {"scan": "lookback", "chunk": 4, "block": 16}
+        if "chunked" in scans:
+            yield {"chunk": 4, "block": 16, "sub": 1}
+            yield {"chunk": 8, "block": 32, "sub": 2}
         return
-    yield {"scan": "chained"}
-    for block in (16, 32, 64):
-        for chunk in (256, 128, 64):
-            if chunk * block <= 8192:
-                yield {"scan": "chained", "chunk": chunk, "block": block}
+    if "chained" in scans:
+        yield {"scan": "chained"}
+        for block in (16, 32, 64):
+            for chunk in (256, 128, 64):
+                if chunk * block <= 8192:
+                    yield {"scan": "chained", "chunk": chunk, "block": block}
+    if "lookback" in scans:
+        yield {"scan": "lookback"}
+        for block in (128, 64, 32):
+            for chunk in (32, 64, 16):
+                yield {"scan": "lookback", "chunk": chunk, "block": block}
+    if "chunked" not in scans:
+        return
     widest = max(32, 1 << (batch * feat - 1).bit_length())  # no wider than the batch's columns
     for chunk in (64, 128, 32, 256):
         for block in (b for b in (128, 256, 64, 32) if b <= widest):
@@ -176,8 +199,16 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object], int], float]
 
 
 class Sweep:
-    def __init__(self, plan: Plan, device: torch.device, budget_s: float) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        device: torch.device,
+        budget_s: float,
+        scans: Sequence[str] = DEFAULT_SCANS,
+        kernels: Sequence[str] = KERNELS,
+    ) -> None:
         self.plan, self.device = plan, device
+        self.scans, self.kernels = tuple(scans), tuple(kernels)
         self.budget_s = budget_s  # per kernel, shared evenly by its shapes
         self.deadline = 0.0
         self.clock = _timer(device)
@@ -222,7 +253,8 @@ class Sweep:
             seqs = random_sequences(half_spread_lengths(batch, steps), feat, seed=steps)
             packed = pack(seqs, self.device)
             want: Tensor | None = None
-            for n, tiles in enumerate(smoother_candidates(batch, steps, feat, self.plan.quick)):
+            candidates = smoother_candidates(batch, steps, feat, self.plan.quick, self.scans)
+            for n, tiles in enumerate(candidates):
                 if n and self.out_of_time():
                     self.left["smoother"] = self.left.get("smoother", 0) + 1
                     continue
@@ -272,10 +304,13 @@ class Sweep:
 
 def render(sweep: Sweep, started: dt.datetime, wall: float, machine: str) -> str:
     plan = sweep.plan
+    options = " --quick" if plan.quick else ""
+    options += f" --device {sweep.device.type}" if sweep.device.type != "cuda" else ""
+    options += f" --scans {','.join(sweep.scans)}" if sweep.scans != DEFAULT_SCANS else ""
+    options += f" --kernels {','.join(sweep.kernels)}" if sweep.kernels != KERNELS else ""
     out = [
         BEGIN,
-        f"## Triton tile sweep (`python -m bench.bench_tiles{' --quick' if plan.quick else ''}"
-        f"{' --device ' + sweep.device.type if sweep.device.type != 'cuda' else ''}`)",
+        f"## Triton tile sweep (`python -m bench.bench_tiles{options}`)",
         "",
         f"{machine}; {started.strftime('%Y-%m-%d %H:%M UTC')}; {wall:.0f} s. Median of "
         f"{plan.reps} synchronised calls after a warm-up call; each candidate checked against "
@@ -286,6 +321,8 @@ def render(sweep: Sweep, started: dt.datetime, wall: float, machine: str) -> str
     if plan.quick:
         out += ["*Quick mode: tiny shapes, a smoke test of the sweep, not a measurement.*", ""]
     for kernel, shapes in (("smoother", plan.smoother_shapes), ("rollout", plan.rollout_shapes)):
+        if kernel not in sweep.kernels:
+            continue
         out += [f"### {kernel.capitalize()}", ""]
         out += ["| shape | tiles | ms per call | µs per step | × default | max abs diff |"]
         out += ["|---|---|---|---|---|---|"]
@@ -327,7 +364,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop trying after this")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file to write")
+    parser.add_argument(
+        "--scans",
+        default=",".join(DEFAULT_SCANS),
+        help="the smoother's forward designs to sweep, comma-separated (chunked, chained, "
+        "lookback); the default plan runs first whatever they are",
+    )
+    parser.add_argument(
+        "--kernels", default=",".join(KERNELS), help="comma-separated: smoother, rollout"
+    )
     args = parser.parse_args(argv)
+    from models.kernels.smoother_triton import SCANS
+
+    scans = tuple(s for s in args.scans.split(",") if s)
+    kernels = tuple(k for k in args.kernels.split(",") if k)
+    if not scans or set(scans) - set(SCANS):
+        parser.error(f"--scans: choose from {', '.join(SCANS)}")
+    if not kernels or set(kernels) - set(KERNELS):
+        parser.error(f"--kernels: choose from {', '.join(KERNELS)}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench_tiles: --device cuda, but torch sees no CUDA device", file=sys.stderr)
@@ -342,9 +396,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = PLANS[args.quick]
     started = dt.datetime.now(dt.UTC)
     t0 = time.perf_counter()
-    sweep = Sweep(plan, device, args.budget_s / 2)  # half each, shared by the kernel's shapes
-    sweep.smoother()
-    sweep.rollout()
+    # shared evenly by the kernels, and by each kernel's shapes
+    sweep = Sweep(plan, device, args.budget_s / len(kernels), scans, kernels)
+    if "smoother" in kernels:
+        sweep.smoother()
+    if "rollout" in kernels:
+        sweep.rollout()
     section = render(sweep, started, time.perf_counter() - t0, machine)
     write_section(args.out, section, BEGIN, END)
     print(section)

@@ -6,8 +6,8 @@
 #
 # Usage: [WHEELS=DIR] scripts/gpu_check.sh [OUT] [--cpu]
 #   OUT      results folder (default ./gpu-results): gpu-check.md (the summary to paste),
-#            pytest.txt, bench_models.md, bench_tiles.md, bench_e2e.md, nvidia-smi.txt, one .log
-#            per step
+#            pytest.txt, bench_models.md, bench_tiles.md, bench_tiles_lookback.md, bench_e2e.md,
+#            nvidia-smi.txt, one .log per step
 #   WHEELS   a wheelhouse made by scripts/gpu_wheels.sh, for hosts whose Python has CUDA torch,
 #            triton and jax but not the service's other dependencies (fastapi, uvicorn,
 #            pydantic, orjson, ...): they are installed with --no-index into a venv made with
@@ -22,7 +22,8 @@
 #   1. python -m pytest -q tests/gpu tests/unit/test_rollout_backends.py
 #   2. python -m bench.bench_models --device cuda   (JAX rows each in a process of their own)
 #   3. python -m bench.bench_tiles --device cuda --budget-s 120   (candidate tiles of the Triton
-#      kernels, the data to choose their defaults by)
+#      kernels, the data to choose their defaults by), then the smoother's look-back scan alone
+#      (--scans lookback: its programs wait on one another, so it gets its own timeout)
 #   4. python -m bench.bench_gpu_e2e --devices cuda cpu   (64 clients, JSON: /smooth 50-500
 #      steps, /rollout 50-500 steps, /smooth 4000 steps)
 set -uo pipefail
@@ -108,12 +109,14 @@ if [ "$mode" = gpu ]; then
   heading="## GPU check (\`scripts/gpu_check.sh\`)"
   bench_args=(--device cuda)
   tiles_args=(--device cuda --budget-s 120)
+  lookback_args=(--device cuda --budget-s 30 --kernels smoother --scans lookback)
   e2e_args=(--devices cuda cpu)
 else
   device=cpu
   heading="## GPU check, dry run on the CPU (\`scripts/gpu_check.sh --cpu\`; nothing ran on a GPU)"
   bench_args=(--device cpu --quick)
   tiles_args=(--device cpu --quick)
+  lookback_args=(--device cpu --quick --kernels smoother --scans lookback)
   export TRITON_INTERPRET=1 # the tile sweep's kernels in Triton's interpreter
   e2e_args=(--devices cpu --quick)
 fi
@@ -166,7 +169,8 @@ step() { # step NAME TIMEOUT_S LOG CMD...: run CMD under a timeout, output to LO
   statuses+=("| $name | \`${shown/#"$py"/python}\` | $status | $took s |")
 }
 
-rm -f "$out/bench_models.md" "$out/bench_tiles.md" "$out/bench_e2e.md"
+rm -f "$out"/bench_models.md "$out"/bench_tiles.md "$out"/bench_tiles_lookback.md \
+  "$out"/bench_e2e.md
 step "tests" 120 "$out/pytest.txt" \
   "$py" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_rollout_backends.py
 step "kernel benchmark" 240 "$out/bench_models.log" \
@@ -179,6 +183,9 @@ if [ ! -s "$out/bench_models.md" ]; then
 fi
 step "tile sweep" 170 "$out/bench_tiles.log" \
   "$py" -m bench.bench_tiles "${tiles_args[@]}" --out "$out/bench_tiles.md"
+# the look-back scan's programs wait on one another: swept apart, so a hang costs only this step
+step "look-back scan sweep" 60 "$out/bench_tiles_lookback.log" \
+  "$py" -m bench.bench_tiles "${lookback_args[@]}" --out "$out/bench_tiles_lookback.md"
 step "end to end" 180 "$out/bench_e2e.log" \
   "$py" -m bench.bench_gpu_e2e "${e2e_args[@]}" --out "$out/bench_e2e.md"
 
@@ -202,6 +209,8 @@ pytest_summary=$(grep -E '(passed|failed|skipped|error|no tests ran)' "$out/pyte
   section "$out/bench_models.md"
   echo
   section "$out/bench_tiles.md"
+  echo
+  section "$out/bench_tiles_lookback.md"
   echo
   section "$out/bench_e2e.md"
   echo "<!-- gpu_check:end -->"

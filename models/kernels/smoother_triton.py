@@ -96,6 +96,13 @@ def _combine(a1, b1, a2, b2):  # type: ignore[no-untyped-def]
 
 
 @_jit
+def _combine_after(a1, b1, a2, b2):  # type: ignore[no-untyped-def]
+    # _combine with its operands swapped: scanning a nearest-first window with it composes the
+    # maps in time order, farthest first
+    return a1 * a2, a1 * b2 + b1
+
+
+@_jit
 def _tanh(z):  # type: ignore[no-untyped-def]
     # tanh from one exp of a non-positive argument (no overflow); libdevice has no interpreter path
     e = tl.exp(-2.0 * tl.abs(z))
@@ -308,6 +315,112 @@ def _fwd_chained(  # type: ignore[no-untyped-def]
 
 
 @_jit
+def _fwd_lookback(  # type: ignore[no-untyped-def]
+    x_ptr,
+    bs_ptr,
+    off_ptr,
+    alpha_ptr,
+    wx_ptr,
+    init_ptr,
+    y_ptr,
+    s_ptr,
+    final_ptr,
+    agg_a_ptr,
+    agg_b_ptr,
+    incl_ptr,
+    flag_ptr,
+    n_steps,
+    n_feat,
+    n_cols,
+    n_chunks,
+    HAS_INIT: tl.constexpr,
+    STORE_S: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    WINDOW: tl.constexpr,
+    INCLUSIVE_EVERY: tl.constexpr,
+) -> None:
+    # The single-pass scan with decoupled look-back (Merrill & Garland, 2016), one tile a
+    # program. Tiles are taken in the order programs start (a ticket from a counter), chunk by
+    # chunk, so a tile only ever waits on tiles that started before it: no deadlock, whatever
+    # order the GPU schedules programs in. Each tile scans itself, publishes its composed map
+    # (flag 1), then looks back WINDOW predecessors at a time (same column block, earlier chunks,
+    # nearest first) until the nearest one that has published its inclusive state (flag 2),
+    # composes the maps in between, takes its carry-in, publishes its own inclusive state and
+    # writes y. x is read once; the side arrays are a few values a column per tile.
+    # INCLUSIVE_EVERY > 1 is for tests only: tiles of other chunks publish their map and never
+    # their state, so that look-backs compose maps across windows, as they do on a GPU when
+    # predecessors are still running (the interpreter runs programs one after another).
+    n_col_blocks = tl.cdiv(n_cols, BLOCK)
+    ticket = tl.atomic_add(flag_ptr + n_chunks * n_col_blocks, 1)
+    chunk = ticket // n_col_blocks
+    kb = ticket % n_col_blocks
+    col = kb * BLOCK + tl.arange(0, BLOCK)
+    col_ok = col < n_cols
+    feat = col % n_feat
+    alpha = tl.load(alpha_ptr + feat, mask=col_ok, other=0.0)
+    wx = tl.load(wx_ptr + feat, mask=col_ok, other=0.0)
+    t = chunk * CHUNK + tl.arange(0, CHUNK)
+    x, active, addr = _load_tile(x_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
+    a, b = _step_maps(x.to(alpha.dtype), active, alpha, t, HAS_INIT)
+    acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
+    last = (tl.arange(0, CHUNK) == CHUNK - 1)[:, None]
+    side = ticket.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # this tile's side values
+    if HAS_INIT:
+        # chunk 0's carry-in; the others replace it by their look-back
+        carry = tl.load(init_ptr + col, mask=col_ok, other=0.0).to(alpha.dtype)
+    else:
+        carry = tl.zeros([BLOCK], dtype=alpha.dtype)
+    if chunk > 0:
+        tl.store(agg_a_ptr + side, tl.sum(tl.where(last, acc_a, 0.0), 0))
+        tl.store(agg_b_ptr + side, tl.sum(tl.where(last, acc_b, 0.0), 0))
+        tl.debug_barrier()  # every thread's part stored before the flag says so
+        tl.atomic_xchg(flag_ptr + ticket, 1, sem="release")
+        pos = tl.arange(0, WINDOW)
+        m_a = tl.full([BLOCK], 1.0, alpha.dtype)  # the maps composed so far (nearest last)
+        m_b = tl.zeros([BLOCK], alpha.dtype)
+        j = chunk - 1  # the nearest predecessor not composed yet
+        while j >= 0:
+            w = j - pos  # nearest first
+            exists = w >= 0
+            tile = w * n_col_blocks + kb
+            f = tl.atomic_add(flag_ptr + tile, 0, mask=exists, sem="acquire")
+            f = tl.where(exists, f, 2)  # never reached: chunk 0 always ends the walk
+            p = tl.min(tl.where(f == 2, pos, WINDOW), 0)  # the nearest inclusive state
+            if tl.min(tl.where(pos < p, f, 1), 0) > 0:  # none missing before it: compose
+                tl.debug_barrier()
+                use = (pos < p)[:, None]
+                rows = tile.to(tl.int64)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+                wa = tl.load(agg_a_ptr + rows, mask=use, other=1.0, volatile=True)
+                wb = tl.load(agg_b_ptr + rows, mask=use, other=0.0, volatile=True)
+                # the window's maps in time order, the farthest first (rows past p are
+                # identities): its last row composes them all
+                ra, rb = tl.associative_scan((wa, wb), 0, _combine_after)
+                end = (pos == WINDOW - 1)[:, None]
+                win_a = tl.sum(tl.where(end, ra, 0.0), 0)
+                win_b = tl.sum(tl.where(end, rb, 0.0), 0)
+                m_a, m_b = _combine(win_a, win_b, m_a, m_b)
+                if p < WINDOW:
+                    at = tl.sum(tl.where(pos == p, tile, 0), 0).to(tl.int64)
+                    s_p = tl.load(incl_ptr + at * BLOCK + tl.arange(0, BLOCK), volatile=True)
+                    carry = m_a * s_p + m_b
+                    j = tl.full([], -1, j.dtype)
+                else:
+                    j = j - WINDOW
+    s = acc_a * carry[None, :] + acc_b
+    state = tl.sum(tl.where(last, s, 0.0), 0)
+    if chunk % INCLUSIVE_EVERY == 0:
+        tl.store(incl_ptr + side, state)
+        tl.debug_barrier()
+        tl.atomic_xchg(flag_ptr + ticket, 2, sem="release")
+    tl.store(y_ptr + addr, _tanh(wx[None, :] * s), mask=active)
+    if STORE_S:  # for the backward pass
+        tl.store(s_ptr + addr, s, mask=active)
+    if chunk == n_chunks - 1:
+        tl.store(final_ptr + col, state, mask=col_ok)
+
+
+@_jit
 def _adjoint_maps(  # type: ignore[no-untyped-def]
     s_ptr,
     gy_ptr,
@@ -460,9 +573,11 @@ def _bwd_replay(  # type: ignore[no-untyped-def]
 
 
 _MIN_PROGRAMS = 1024  # about 8 per SM on an H200 (132 SMs)
-SCANS = ("chunked", "chained")
+SCANS = ("chunked", "chained", "lookback")
 # "chunked" is the design measured on an H200 (session 6); "chained" waits for its measurement
 DEFAULT_SCAN = "chunked"
+_WINDOW = 32  # predecessors a look-back reads at once (a warp's worth in CUB)
+_INCLUSIVE_EVERY = 1  # tests raise it: see _fwd_lookback
 _CARRY_TILE = 8192  # chunk summaries per trip of the carry scan, × columns
 
 
@@ -477,7 +592,9 @@ class TilePlan:
     tile in one tree scan), and ``CARRY`` chunks per trip of the carry scan (over
     ``carry_block`` columns). ``scan``: the forward's design, "chunked" (three launches, parallel
     in time) or "chained" (one launch, one program per column block walking its tiles in order;
-    ``carry`` and ``sub`` unused); the backward pass is chunked either way."""
+    ``carry`` and ``sub`` unused) or "lookback" (one launch, a tile a program as in "chunked",
+    each tile's carry-in found by decoupled look-back; ``sub`` is the chunk, ``carry`` unused);
+    the backward pass is chunked whatever the forward's design."""
 
     n_steps: int
     n_seqs: int
@@ -504,6 +621,10 @@ class TilePlan:
     @property
     def chained_grid(self) -> tuple[int]:
         return (triton.cdiv(self.n_cols, self.block),)
+
+    @property
+    def n_tiles(self) -> int:
+        return self.n_chunks * triton.cdiv(self.n_cols, self.block)  # type: ignore[no-any-return]
 
     @property
     def carry_grid(self) -> tuple[int]:
@@ -545,7 +666,8 @@ def plan_tiles(
     column blocks, a single long sequence many time chunks, and either fills the GPU. Chained
     (``scan="chained"``; :data:`DEFAULT_SCAN` when None): parallel across columns only, so the
     narrowest block that holds a step of one sequence (16 columns at F <= 16: one program per
-    sequence), and the longest chunk that fits, for the fewest trips.
+    sequence), and the longest chunk that fits, for the fewest trips. Look-back: the chunked
+    scan's tiles, each scanned whole (no ``sub``).
     """
     scan = scan or DEFAULT_SCAN
     if scan not in SCANS:
@@ -571,6 +693,8 @@ def plan_tiles(
             raise ValueError(f"{name} must be a power of two, got {v}")
     if sub > chunk:
         raise ValueError(f"sub ({sub}) must not exceed chunk ({chunk})")
+    if scan == "lookback" and sub != chunk:
+        raise ValueError("the look-back scan scans each chunk whole: sub must be the chunk")
     return TilePlan(n_steps, n_seqs, n_feat, chunk, block, carry, carry_block, sub, scan)
 
 
@@ -758,6 +882,36 @@ class _SmootherFn(torch.autograd.Function):
                 STORE_S=needs_grad,
                 CHUNK=plan.chunk,
                 BLOCK=plan.block,
+                num_warps=plan.warps,
+            )
+        elif plan.scan == "lookback":
+            n_tiles = plan.n_tiles
+            agg_a, agg_b, incl = (
+                torch.empty(n_tiles * plan.block, dtype=cdt, device=x.device) for _ in range(3)
+            )
+            flags = torch.zeros(n_tiles + 1, dtype=torch.int32, device=x.device)  # + counter
+            _fwd_lookback[(n_tiles,)](
+                x,
+                bs,
+                off,
+                alpha_c,
+                wx_c,
+                final if init_c is None else init_c,  # final stands in when there is no state
+                y,
+                s,
+                final,
+                agg_a,
+                agg_b,
+                incl,
+                flags,
+                *common,
+                plan.n_chunks,
+                HAS_INIT=has_init,
+                STORE_S=needs_grad,
+                CHUNK=plan.chunk,
+                BLOCK=plan.block,
+                WINDOW=_WINDOW,
+                INCLUSIVE_EVERY=_INCLUSIVE_EVERY,
                 num_warps=plan.warps,
             )
         else:

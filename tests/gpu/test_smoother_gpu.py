@@ -6,6 +6,11 @@ the numba kernel, gradients with autograd through the torch step loop (float64 o
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import Tensor
@@ -107,6 +112,56 @@ def test_chained_scan_equals_the_cpu_path(
             )
         torch.testing.assert_close(y.detach().cpu(), want_y, atol=1e-5, rtol=0)
         torch.testing.assert_close(final.detach().cpu(), want_final, atol=1e-5, rtol=0)
+
+
+# The look-back scan's programs spin on flags other programs set: a fault in its ordering is a
+# hang, not a wrong number. It runs in a child process under a timeout, so a hang fails this test
+# instead of stopping the run; repeated calls give races their chance.
+LOOKBACK_CHILD = r"""
+import sys, torch
+sys.path[:0] = [sys.argv[1]]
+from tests.gpu.test_smoother_gpu import SHAPES, batch, cpu_forward, params
+from models.kernels.smoother_triton import smooth_packed_triton
+worst = 0.0
+for n_seqs, n_steps, feat in SHAPES:
+    packed = batch(n_seqs, n_steps, feat, seed=n_steps + 3, dtype=torch.float32)
+    alpha, wx = params(feat, torch.float32)
+    for with_state in (False, True):
+        init = torch.randn(n_seqs, feat) if with_state else None
+        want_y, want_final = cpu_forward(packed, alpha, wx, init)
+        for tiles in ({}, {"chunk": 16, "block": 32}, {"chunk": 64, "block": 64}):
+            for _ in range(int(sys.argv[2])):
+                with torch.inference_mode():
+                    y, final = smooth_packed_triton(
+                        packed.data.cuda(), packed.batch_sizes, alpha.cuda(), wx.cuda(),
+                        None if init is None else init.cuda(), scan="lookback", **tiles,
+                    )
+                err = max(float((y.cpu() - want_y).abs().max()),
+                          float((final.cpu() - want_final).abs().max()))
+                worst = max(worst, err)
+                if err > 1e-5:
+                    print(f"OFF {n_seqs} {n_steps} {feat} {with_state} {tiles} {err:.3e}")
+print(f"WORST {worst:.3e}")
+"""
+
+
+def test_lookback_scan_equals_the_cpu_path_and_never_hangs() -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", LOOKBACK_CHILD, str(root), "5"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the look-back scan hung (or ran over 90 s)")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "OFF" not in done.stdout, done.stdout
+    assert "WORST" in done.stdout
 
 
 @pytest.mark.parametrize(("n_seqs", "n_steps", "feat"), [(64, 1000, 16), (1, 100_000, 16)])

@@ -379,6 +379,30 @@ def test_tile_sweep_quick_run_measures_the_default_first(tmp_path: Path) -> None
     assert_tables_well_formed(text)
 
 
+def test_tile_sweep_of_the_lookback_scan_alone(tmp_path: Path) -> None:
+    """gpu_check.sh's separate step: the smoother only, the look-back scan beside the default."""
+    out = tmp_path / "BENCH.md"
+    run_quick("bench_tiles", out, "--device", "cpu", "--kernels", "smoother", "--scans", "lookback")
+    text = out.read_text(encoding="utf-8")
+    assert "`python -m bench.bench_tiles --quick --device cpu --scans lookback" in text
+    rows = [line for line in text.splitlines() if line.startswith("| B=3, T=20 |")]
+    tiles = [r.split("|")[2].strip() for r in rows]
+    assert tiles == ["default", "scan=lookback, chunk=4, block=16"]
+    assert float(rows[1].rstrip(" |").rsplit("|", 1)[1]) <= 1e-5
+    assert "### Rollout" not in text
+    assert "2 candidates tried, 2 timed." in text
+    assert_tables_well_formed(text)
+    bad = subprocess.run(
+        [sys.executable, "-m", "bench.bench_tiles", "--scans", "fast", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert "--scans: choose from chunked, chained, lookback" in bad.stderr
+
+
 def test_tile_sweep_candidates_and_report() -> None:
     from bench import bench_tiles as bt
 
@@ -403,6 +427,12 @@ def test_tile_sweep_candidates_and_report() -> None:
     assert {c["sub"] for c in chunked} == {1, 8, 32, 64, 128, 256}
     wide = list(bt.smoother_candidates(256, 4000, 16, quick=False))
     assert max(c["block"] for c in wide if "sub" in c) == 256
+    assert not [c for c in wide if c.get("scan") == "lookback"]  # swept only when asked
+    lookback = list(bt.smoother_candidates(256, 4000, 16, False, scans=("lookback",)))
+    assert lookback[:2] == [{}, {"scan": "lookback"}]
+    assert all(c["scan"] == "lookback" for c in lookback[1:])
+    assert all(c["chunk"] * c["block"] <= 8192 for c in lookback[2:])
+    assert len(lookback) == 2 + 9
     rollout = list(bt.rollout_candidates(1024, quick=False))
     assert rollout[:3] == [{}, {"pdl": True}, {"precision": "tf32x3"}]
     assert all(c["config"].use_dot for c in rollout[3:])

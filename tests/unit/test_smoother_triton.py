@@ -419,7 +419,7 @@ def test_tile_plans_hold_the_plan_of_every_batch_within_the_limit(
         assert (plan.chunk, plan.block, plan.carry) in plans
 
 
-@pytest.mark.parametrize("scan", ["chunked", "chained"])
+@pytest.mark.parametrize("scan", ["chunked", "chained", "lookback"])
 @pytest.mark.parametrize(("n_feat", "max_steps"), [(16, 100_000), (16, 10), (3, 4000), (200, 5)])
 def test_tile_plans_are_all_met(n_feat: int, max_steps: int, scan: str) -> None:
     """None is compiled in vain: each plan is the plan of some batch within the limit."""
@@ -670,12 +670,14 @@ def test_chained_plan_is_a_program_per_sequence_with_long_chunks() -> None:
 
 
 def test_an_unknown_scan_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match=r"^scan must be one of chunked, chained, got 'fast'$"):
+    with pytest.raises(
+        ValueError, match=r"^scan must be one of chunked, chained, lookback, got 'fast'$"
+    ):
         plan_tiles(10, 2, 3, scan="fast")
 
 
 @pytest.mark.skipif(not ON_CPU, reason="records launches in Triton's interpreter")
-@pytest.mark.parametrize("scan", ["chunked", "chained"])
+@pytest.mark.parametrize("scan", ["chunked", "chained", "lookback"])
 def test_states_are_kept_only_where_a_backward_pass_can_follow(
     monkeypatch: pytest.MonkeyPatch, scan: str
 ) -> None:
@@ -704,3 +706,145 @@ def test_states_are_kept_only_where_a_backward_pass_can_follow(
     y.sum().backward()
     assert alpha.grad is not None
     assert wx.grad is not None
+
+
+# -- the look-back (single-pass) forward ----------------------------------------------------
+
+
+@pytest.fixture
+def lookback_walks(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """The interpreter runs programs one after another, so every predecessor has published
+    its inclusive state by the time a tile looks back; ``(every, window)`` makes only every
+    ``every``-th chunk publish it and reads ``window`` predecessors at a time, so that look-backs
+    compose maps across several windows, as on a GPU while predecessors still run."""
+    every, window = request.param
+    monkeypatch.setattr(triton_mod, "_INCLUSIVE_EVERY", every)
+    monkeypatch.setattr(triton_mod, "_WINDOW", window)
+
+
+WALKS = [(1, 32), (3, 2), (7, 2), (4, 1), (5, 4)]
+
+
+@pytest.mark.parametrize("lookback_walks", WALKS, indirect=True, ids=str)
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+@pytest.mark.usefixtures("lookback_walks")
+def test_lookback_forward_matches_fp64_loop(
+    dtype: torch.dtype, atol: float, with_state: bool
+) -> None:
+    lengths = [31, 1, 13, 4, 30, 5, 2]  # 16 chunks of 2 steps: long walks back
+    seqs = random_seqs(lengths, 3, seed=51, dtype=dtype)
+    alpha, wx = random_params(3, 51, dtype)
+    init = torch.randn(len(lengths), 3, dtype=dtype) if with_state else None
+    got, final = run_triton(seqs, alpha, wx, init, chunk=2, block=8, scan="lookback")
+    want, want_final = loop_reference(
+        [s.numpy() for s in seqs],
+        alpha.numpy(),
+        wx.numpy(),
+        None if init is None else init.double().numpy(),
+    )
+    assert_matches(got, want, atol, final, want_final)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 14), min_size=1, max_size=6),
+    feat=st.integers(1, 3),
+    chunk=st.sampled_from([1, 2, 4]),
+    block=st.sampled_from([2, 4, 16]),
+    every=st.integers(1, 6),
+    window=st.sampled_from([1, 2, 4, 32]),
+    with_state=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_lookback_random_batches_match_the_loop(
+    lengths: list[int],
+    feat: int,
+    chunk: int,
+    block: int,
+    every: int,
+    window: int,
+    with_state: bool,
+    seed: int,
+) -> None:
+    seqs = random_seqs(lengths, feat, seed, torch.float64)
+    alpha, wx = random_params(feat, seed, torch.float64)
+    init = torch.randn(len(lengths), feat, dtype=torch.float64) if with_state else None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(triton_mod, "_INCLUSIVE_EVERY", every)
+        mp.setattr(triton_mod, "_WINDOW", window)
+        got, final = run_triton(seqs, alpha, wx, init, chunk=chunk, block=block, scan="lookback")
+    want, want_final = loop_reference(
+        [s.numpy() for s in seqs],
+        alpha.numpy(),
+        wx.numpy(),
+        None if init is None else init.numpy(),
+    )
+    assert_matches(got, want, 1e-12, final, want_final)
+
+
+@pytest.mark.parametrize("lookback_walks", [(1, 32), (3, 2)], indirect=True, ids=str)
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+@pytest.mark.usefixtures("lookback_walks")
+def test_lookback_gradcheck_float64(with_state: bool) -> None:
+    seqs = random_seqs([5, 2, 7], 2, seed=52, dtype=torch.float64)
+    packed = pack(seqs, DEVICE)
+    alpha, wx = random_params(2, 52, torch.float64)
+    inputs = [
+        packed.data.clone().requires_grad_(),
+        alpha.to(DEVICE).requires_grad_(),
+        wx.to(DEVICE).requires_grad_(),
+    ]
+    if with_state:
+        inputs.append(torch.randn(3, 2, dtype=torch.float64, device=DEVICE, requires_grad=True))
+
+    def fn(x: Tensor, a: Tensor, w: Tensor, *init: Tensor) -> tuple[Tensor, Tensor]:
+        s0 = init[0] if init else None
+        return smooth_packed_triton(
+            x, packed.batch_sizes, a, w, s0, chunk=2, block=4, carry=2, scan="lookback"
+        )
+
+    assert torch.autograd.gradcheck(fn, tuple(inputs), fast_mode=True)
+
+
+@pytest.mark.parametrize("lookback_walks", [(1, 32), (3, 2)], indirect=True, ids=str)
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+@pytest.mark.usefixtures("lookback_walks")
+def test_lookback_reads_only_what_was_published(
+    monkeypatch: pytest.MonkeyPatch, with_state: bool
+) -> None:
+    """The side arrays (maps, inclusive states) and the outputs come out of NaN-filled memory:
+    a look-back that reads a slot no tile published, or past its window's nearest inclusive
+    state, turns the outputs NaN."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poisoned(t: Tensor) -> Tensor:
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-(2**30))
+
+    monkeypatch.setattr(triton_mod.torch, "empty", lambda *a, **k: poisoned(real_empty(*a, **k)))
+    monkeypatch.setattr(
+        triton_mod.torch, "empty_like", lambda *a, **k: poisoned(real_empty_like(*a, **k))
+    )
+    lengths = [14, 9, 6, 3, 1]
+    seqs = random_seqs(lengths, 2, seed=53, dtype=torch.float64)
+    alpha, wx = random_params(2, 53, torch.float64)
+    init = torch.randn(5, 2, dtype=torch.float64) if with_state else None
+    got, final = run_triton(seqs, alpha, wx, init, chunk=2, block=4, scan="lookback")
+    want, want_final = loop_reference(
+        [s.numpy() for s in seqs],
+        alpha.numpy(),
+        wx.numpy(),
+        None if init is None else init.numpy(),
+    )
+    assert_matches(got, want, 1e-12, final, want_final)
+
+
+def test_lookback_takes_the_chunked_tiles_each_scanned_whole() -> None:
+    for shape in ((4000, 256, 16), (100_000, 1, 16), (7, 3, 5)):
+        chunked = plan_tiles(*shape)
+        lookback = plan_tiles(*shape, scan="lookback")
+        assert (lookback.chunk, lookback.block) == (chunked.chunk, chunked.block)
+        assert lookback.sub == lookback.chunk
+        assert lookback.n_tiles == chunked.grid[0] * chunked.grid[1]
+    with pytest.raises(ValueError, match=r"^the look-back scan scans each chunk whole"):
+        plan_tiles(100, 2, 3, chunk=8, sub=2, scan="lookback")

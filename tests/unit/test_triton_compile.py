@@ -137,6 +137,7 @@ def _smoother_launches(dtype: torch.dtype) -> None:
         for sub in (1, 2):  # the forward scanned in pieces (a loop over steps at 1)
             st.smooth_packed_triton(packed.data, packed.batch_sizes, alpha, wx, None, sub=sub)
         st.smooth_packed_triton(packed.data, packed.batch_sizes, alpha, wx, None, scan="chained")
+        st.smooth_packed_triton(packed.data, packed.batch_sizes, alpha, wx, None, scan="lookback")
 
 
 def _rollout_launches() -> None:
@@ -195,6 +196,7 @@ def test_every_kernel_compiles_for_sm90(launches: list[dict[str, Any]]) -> None:
         ("smoother_triton", "_carry_scan"),
         ("smoother_triton", "_fwd_replay"),
         ("smoother_triton", "_fwd_chained"),
+        ("smoother_triton", "_fwd_lookback"),
         ("smoother_triton", "_bwd_chunk_summary"),
         ("smoother_triton", "_bwd_replay"),
         ("rollout_triton", "_layer_step_kernel"),
@@ -205,12 +207,13 @@ def test_every_kernel_compiles_for_sm90(launches: list[dict[str, Any]]) -> None:
     assert {True, False} <= {j["constexprs"].get("USE_DOT") for j in jobs}
     assert {True, False} <= {j["constexprs"].get("PDL") for j in jobs}
     assert {1, 2} <= {j["constexprs"].get("SUB") for j in jobs}
-    chained = [j["constexprs"] for j in jobs if j["kernel"] == "_fwd_chained"]
-    assert {(c["HAS_INIT"], c["STORE_S"]) for c in chained} == {
-        (False, False),
-        (False, True),
-        (True, True),
-    }
+    for single_pass in ("_fwd_chained", "_fwd_lookback"):
+        launched = [j["constexprs"] for j in jobs if j["kernel"] == single_pass]
+        assert {(c["HAS_INIT"], c["STORE_S"]) for c in launched} == {
+            (False, False),
+            (False, True),
+            (True, True),
+        }
 
     results = _compile(jobs)
     assert [r["job"] for r in results] == [j["id"] for j in jobs]
