@@ -24,7 +24,7 @@ from service import openapi, wire
 from service.config import Settings, package_version
 from service.logs import log_models
 from service.metrics import Metrics
-from service.routes import error_response, json_response, router, serve_inference
+from service.routes import CodecPool, error_response, json_response, router, serve_inference
 from service.runtime import ModelRuntime, Runtime, settle_garbage_collector
 from service.transport import RemoteRuntime
 from service.validation import RequestError
@@ -101,6 +101,7 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
         finally:
             app.state.ready = False  # /readyz answers 503 while draining
             await runtime.stop()
+            app.state.codec.close()
             gc.unfreeze()
 
     app = App(
@@ -118,6 +119,7 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
     else:
         app.state.metrics = Metrics(multiprocess=True)
         app.state.runtime = RemoteRuntime(engine_socket)
+    app.state.codec = CodecPool(settings.codec_threads, settings.codec_offload_bytes)
     app.state.ready = False
     app.include_router(router)
     openapi.install(app)

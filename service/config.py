@@ -142,6 +142,21 @@ class Settings(BaseSettings):
         "process (with --workers N, in each worker), beyond which new requests get 503 "
         "overloaded.",
     )
+    codec_threads: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Threads per HTTP process that read JSON bodies of at least "
+        "codec_offload_bytes and write JSON answers as large, off the event loop (the parser "
+        "and writer release the GIL), so that one large body does not hold up every other "
+        "request and parsing spreads over cores; 0: all on the event loop.",
+    )
+    codec_offload_bytes: int = Field(
+        256 * 1024,
+        ge=0,
+        description="Smallest JSON body (or answer) read or written on a codec thread; smaller "
+        "ones stay on the event loop, where handing them to a thread costs more than it saves.",
+    )
     api_token: SecretStr | None = Field(
         None,
         description="Bearer token required by /smooth, /rollout, /models and /metrics; "
