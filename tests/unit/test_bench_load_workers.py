@@ -214,15 +214,18 @@ def test_the_ceiling_of_a_workers_row_is_the_machine_not_one_event_loop() -> Non
     (roomy,) = bench_load._ceilings(report, "json", "workers")
     assert roomy.endswith(allows)
     cell.server_cpu, cell.client_cpu = [0.003], [0.001]
-    # the single process keeps its one-core cap; both appear in the section, each once per miss
+    # the single process keeps its one-core cap where its event loop parses (bodies under
+    # codec_offload_bytes, and binary ones); 4,000-step JSON is parsed on codec threads
     single = bench_load._ceilings(report, "json")
     assert len(single) == 3  # 20x: misses all three targets
-    assert all("One process runs its event loop" in s for s in single)
+    assert ["One process runs its event loop" in s for s in single] == [True, True, False]
     assert "caps it at 333 requests/s = 33× the baseline" in single[0]
+    assert "are read and written on codec threads beside the event loop" in single[2]
     text = bench_load.render(report)
     assert text.count("HTTP workers together) used") == 2  # json and binary /smooth 4,000
     # json 20x misses all three; binary 40x meets /smooth's 25x and /rollout's 30x
-    assert text.count("One process runs its event loop") == 3 + 1
+    assert text.count("One process runs its event loop") == 2 + 1
+    assert text.count("on codec threads beside the event loop") == 1
     # no CPU figure (a server started outside the benchmark): no ceiling line
     for c in report.cells:
         c.server_cpu = [math.nan]
