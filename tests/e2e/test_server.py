@@ -64,6 +64,24 @@ def test_64_concurrent_smooth_clients(server: Server) -> None:
     assert batches < served, "every batch held a single request: nothing was batched"
 
 
+def test_large_json_bodies_on_codec_threads_beside_small_ones(server: Server) -> None:
+    """16 bodies of 4,000 steps (~0.7 MB each: read and answered on the server's codec threads)
+    sent with 48 small ones, all at once: every answer equals the reference (which thread read
+    what is checked in-process: tests/integration/test_codec_threads.py)."""
+    rng = np.random.default_rng(11)
+    lengths = [4000 if i % 4 == 0 else int(rng.integers(1, 120)) for i in range(CLIENTS)]
+    seqs = [rng.uniform(-1, 1, (n, 16)).astype(np.float32) for n in lengths]
+    responses = asyncio.run(
+        _post_all(server.url, "/smooth", [{"sequences": [s.tolist()]} for s in seqs])
+    )
+    model = models.load("smoother")
+    alpha, wx = model.alpha_smooth.detach().numpy(), model.wx.detach().numpy()
+    for s, r in zip(seqs, responses, strict=True):
+        assert r.status_code == 200, r.text
+        (y,) = r.json()["sequences"]
+        np.testing.assert_allclose(np.array(y), smoother_reference(s, alpha, wx), atol=1e-5)
+
+
 def test_64_concurrent_rollout_clients(server: Server) -> None:
     rng = np.random.default_rng(7)
     seqs = [rng.standard_normal((int(n), 6)).astype(np.float32)
