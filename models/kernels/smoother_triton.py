@@ -574,7 +574,8 @@ def _bwd_replay(  # type: ignore[no-untyped-def]
 
 _MIN_PROGRAMS = 1024  # about 8 per SM on an H200 (132 SMs)
 SCANS = ("chunked", "chained", "lookback")
-# "chunked" is the design measured on an H200 (session 6); "chained" waits for its measurement
+# "chunked" is the design measured on an H200 (session 6); "chained" and "lookback" (session 7)
+# wait for a GPU run to compare them
 DEFAULT_SCAN = "chunked"
 _WINDOW = 32  # predecessors a look-back reads at once (a warp's worth in CUB)
 _INCLUSIVE_EVERY = 1  # tests raise it: see _fwd_lookback

@@ -46,6 +46,16 @@ async def _post_all(url: str, path: str, bodies: list[dict[str, object]]) -> lis
         return await asyncio.gather(*(client.post(path, json=b) for b in bodies))
 
 
+def assert_smoothed(seqs: list[np.ndarray], responses: list[httpx.Response]) -> None:
+    """Each answer is 200 and its sequence the bundled smoother's reference output."""
+    model = models.load("smoother")
+    alpha, wx = model.alpha_smooth.detach().numpy(), model.wx.detach().numpy()
+    for s, r in zip(seqs, responses, strict=True):
+        assert r.status_code == 200, r.text
+        (y,) = r.json()["sequences"]
+        np.testing.assert_allclose(np.array(y), smoother_reference(s, alpha, wx), atol=1e-5)
+
+
 def test_64_concurrent_smooth_clients(server: Server) -> None:
     rng = np.random.default_rng(42)
     seqs = [rng.standard_normal((int(n), 16)).astype(np.float32)
@@ -53,12 +63,7 @@ def test_64_concurrent_smooth_clients(server: Server) -> None:
     responses = asyncio.run(
         _post_all(server.url, "/smooth", [{"sequences": [s.tolist()]} for s in seqs])
     )
-    model = models.load("smoother")
-    alpha, wx = model.alpha_smooth.detach().numpy(), model.wx.detach().numpy()
-    for s, r in zip(seqs, responses, strict=True):
-        assert r.status_code == 200, r.text
-        (y,) = r.json()["sequences"]
-        np.testing.assert_allclose(np.array(y), smoother_reference(s, alpha, wx), atol=1e-5)
+    assert_smoothed(seqs, responses)
     served, batches = batched_requests(httpx.get(f"{server.url}/metrics").text, "smoother")
     assert served >= CLIENTS
     assert batches < served, "every batch held a single request: nothing was batched"
@@ -74,12 +79,7 @@ def test_large_json_bodies_on_codec_threads_beside_small_ones(server: Server) ->
     responses = asyncio.run(
         _post_all(server.url, "/smooth", [{"sequences": [s.tolist()]} for s in seqs])
     )
-    model = models.load("smoother")
-    alpha, wx = model.alpha_smooth.detach().numpy(), model.wx.detach().numpy()
-    for s, r in zip(seqs, responses, strict=True):
-        assert r.status_code == 200, r.text
-        (y,) = r.json()["sequences"]
-        np.testing.assert_allclose(np.array(y), smoother_reference(s, alpha, wx), atol=1e-5)
+    assert_smoothed(seqs, responses)
 
 
 def test_64_concurrent_rollout_clients(server: Server) -> None:

@@ -116,14 +116,11 @@ def assert_matches(
     np.testing.assert_allclose(final.double().numpy(), want_final, atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.float64, 1e-12)])
-@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
-def test_forward_matches_fp64_loop(dtype: torch.dtype, atol: float, with_state: bool) -> None:
-    lengths = [9, 1, 13, 4, 8, 5, 2]
-    seqs = random_seqs(lengths, 3, seed=1, dtype=dtype)
-    alpha, wx = random_params(3, 1, dtype)
-    init = torch.randn(len(lengths), 3, dtype=dtype) if with_state else None
-    got, final = run_triton(seqs, alpha, wx, init, **SMALL)
+def check_against_the_loop(
+    seqs: list[Tensor], alpha: Tensor, wx: Tensor, init: Tensor | None, atol: float, **tiles: Any
+) -> None:
+    """The triton kernel with ``tiles`` against the fp64 loop: outputs and final states."""
+    got, final = run_triton(seqs, alpha, wx, init, **tiles)
     want, want_final = loop_reference(
         [s.numpy() for s in seqs],
         alpha.numpy(),
@@ -131,6 +128,16 @@ def test_forward_matches_fp64_loop(dtype: torch.dtype, atol: float, with_state: 
         None if init is None else init.double().numpy(),
     )
     assert_matches(got, want, atol, final, want_final)
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+def test_forward_matches_fp64_loop(dtype: torch.dtype, atol: float, with_state: bool) -> None:
+    lengths = [9, 1, 13, 4, 8, 5, 2]
+    seqs = random_seqs(lengths, 3, seed=1, dtype=dtype)
+    alpha, wx = random_params(3, 1, dtype)
+    init = torch.randn(len(lengths), 3, dtype=dtype) if with_state else None
+    check_against_the_loop(seqs, alpha, wx, init, atol, **SMALL)
 
 
 @pytest.mark.parametrize("length", [1, 3, 4, 5, 8, 9, 16, 17, 33])
@@ -284,9 +291,14 @@ def test_model_forward_with_the_triton_kernel_keeps_its_contract() -> None:
 def test_gradcheck_float64(with_state: bool, sub: int | None) -> None:
     """Backward (reverse chunked scan) for x, alpha, wx and the initial state, both outputs;
     also after a forward scanned step by step (its replay writes the states the backward uses)."""
-    seqs = random_seqs([5, 2, 7], 2, seed=11, dtype=torch.float64)
+    assert gradcheck_float64(11, with_state, chunk=2, block=8, carry=2, sub=sub)
+
+
+def gradcheck_float64(seed: int, with_state: bool, **tiles: Any) -> bool:
+    """torch's gradcheck of smooth_packed_triton with ``tiles``, in every input, both outputs."""
+    seqs = random_seqs([5, 2, 7], 2, seed=seed, dtype=torch.float64)
     packed = pack(seqs, DEVICE)
-    alpha, wx = random_params(2, 11, torch.float64)
+    alpha, wx = random_params(2, seed, torch.float64)
     inputs = [
         packed.data.clone().requires_grad_(),
         alpha.to(DEVICE).requires_grad_(),
@@ -297,11 +309,9 @@ def test_gradcheck_float64(with_state: bool, sub: int | None) -> None:
 
     def fn(x: Tensor, a: Tensor, w: Tensor, *init: Tensor) -> tuple[Tensor, Tensor]:
         s0 = init[0] if init else None
-        return smooth_packed_triton(
-            x, packed.batch_sizes, a, w, s0, chunk=2, block=8, carry=2, sub=sub
-        )
+        return smooth_packed_triton(x, packed.batch_sizes, a, w, s0, **tiles)
 
-    assert torch.autograd.gradcheck(fn, tuple(inputs), fast_mode=True)
+    return bool(torch.autograd.gradcheck(fn, tuple(inputs), fast_mode=True))
 
 
 @pytest.mark.usefixtures("small_tiles")
@@ -489,14 +499,9 @@ def test_the_model_warms_nothing_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> 
     assert called == []
 
 
-@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
-def test_no_kernel_reads_a_buffer_it_did_not_write(
-    monkeypatch: pytest.MonkeyPatch, with_state: bool
-) -> None:
-    """Every buffer the module allocates uninitialised (torch.empty, empty_like) is filled with
-    NaN first: a kernel that reads one before writing it (a stand-in pointer read as a state,
-    a row left unwritten) turns the outputs or the gradients into NaN, where fresh memory, often
-    zeros, would hide it."""
+def poison_empty_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every buffer the module allocates uninitialised (torch.empty, empty_like) comes out
+    filled with NaN (floats) or -2**30 (integers)."""
     real_empty, real_empty_like = torch.empty, torch.empty_like
 
     def poisoned(t: Tensor) -> Tensor:
@@ -506,6 +511,17 @@ def test_no_kernel_reads_a_buffer_it_did_not_write(
     monkeypatch.setattr(
         triton_mod.torch, "empty_like", lambda *a, **k: poisoned(real_empty_like(*a, **k))
     )
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
+def test_no_kernel_reads_a_buffer_it_did_not_write(
+    monkeypatch: pytest.MonkeyPatch, with_state: bool
+) -> None:
+    """Every buffer the module allocates uninitialised (torch.empty, empty_like) is filled with
+    NaN first: a kernel that reads one before writing it (a stand-in pointer read as a state,
+    a row left unwritten) turns the outputs or the gradients into NaN, where fresh memory, often
+    zeros, would hide it."""
+    poison_empty_buffers(monkeypatch)
     seqs = random_seqs([9, 3, 14, 6, 1], 2, seed=31, dtype=torch.float64)
     packed = pack(seqs, DEVICE)
     alpha, wx = random_params(2, 31, torch.float64)
@@ -547,14 +563,7 @@ def test_chained_forward_matches_fp64_loop(
     seqs = random_seqs(lengths, 3, seed=41, dtype=dtype)
     alpha, wx = random_params(3, 41, dtype)
     init = torch.randn(len(lengths), 3, dtype=dtype) if with_state else None
-    got, final = run_triton(seqs, alpha, wx, init, chunk=4, block=block, scan="chained")
-    want, want_final = loop_reference(
-        [s.numpy() for s in seqs],
-        alpha.numpy(),
-        wx.numpy(),
-        None if init is None else init.double().numpy(),
-    )
-    assert_matches(got, want, atol, final, want_final)
+    check_against_the_loop(seqs, alpha, wx, init, atol, chunk=4, block=block, scan="chained")
 
 
 @settings(max_examples=8, deadline=None)
@@ -572,14 +581,7 @@ def test_chained_random_batches_match_the_loop(
     seqs = random_seqs(lengths, feat, seed, torch.float64)
     alpha, wx = random_params(feat, seed, torch.float64)
     init = torch.randn(len(lengths), feat, dtype=torch.float64) if with_state else None
-    got, final = run_triton(seqs, alpha, wx, init, chunk=chunk, block=block, scan="chained")
-    want, want_final = loop_reference(
-        [s.numpy() for s in seqs],
-        alpha.numpy(),
-        wx.numpy(),
-        None if init is None else init.numpy(),
-    )
-    assert_matches(got, want, 1e-12, final, want_final)
+    check_against_the_loop(seqs, alpha, wx, init, 1e-12, chunk=chunk, block=block, scan="chained")
 
 
 def test_chained_with_its_own_plan_matches_the_chunked_scan() -> None:
@@ -597,24 +599,7 @@ def test_chained_with_its_own_plan_matches_the_chunked_scan() -> None:
 @pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
 def test_chained_gradcheck_float64(with_state: bool) -> None:
     """The backward (chunked, reverse) runs on the states the chained forward stored."""
-    seqs = random_seqs([5, 2, 7], 2, seed=43, dtype=torch.float64)
-    packed = pack(seqs, DEVICE)
-    alpha, wx = random_params(2, 43, torch.float64)
-    inputs = [
-        packed.data.clone().requires_grad_(),
-        alpha.to(DEVICE).requires_grad_(),
-        wx.to(DEVICE).requires_grad_(),
-    ]
-    if with_state:
-        inputs.append(torch.randn(3, 2, dtype=torch.float64, device=DEVICE, requires_grad=True))
-
-    def fn(x: Tensor, a: Tensor, w: Tensor, *init: Tensor) -> tuple[Tensor, Tensor]:
-        s0 = init[0] if init else None
-        return smooth_packed_triton(
-            x, packed.batch_sizes, a, w, s0, chunk=2, block=4, carry=2, scan="chained"
-        )
-
-    assert torch.autograd.gradcheck(fn, tuple(inputs), fast_mode=True)
+    assert gradcheck_float64(43, with_state, chunk=2, block=4, scan="chained")
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
@@ -624,27 +609,12 @@ def test_chained_reads_no_buffer_it_did_not_write(
     """As test_no_kernel_reads_a_buffer_it_did_not_write, for the chained forward: y and the
     final state come out of NaN-filled memory, so a row a program never wrote (a block's trips
     bounded by a shorter sequence than its longest) is NaN, not a plausible zero."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def poisoned(t: Tensor) -> Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-(2**30))
-
-    monkeypatch.setattr(triton_mod.torch, "empty", lambda *a, **k: poisoned(real_empty(*a, **k)))
-    monkeypatch.setattr(
-        triton_mod.torch, "empty_like", lambda *a, **k: poisoned(real_empty_like(*a, **k))
-    )
+    poison_empty_buffers(monkeypatch)
     lengths = [14, 9, 6, 3, 1]  # two sequences a block: (14, 9), (6, 3), (1)
     seqs = random_seqs(lengths, 2, seed=44, dtype=torch.float64)
     alpha, wx = random_params(2, 44, torch.float64)
     init = torch.randn(5, 2, dtype=torch.float64) if with_state else None
-    got, final = run_triton(seqs, alpha, wx, init, chunk=4, block=4, scan="chained")
-    want, want_final = loop_reference(
-        [s.numpy() for s in seqs],
-        alpha.numpy(),
-        wx.numpy(),
-        None if init is None else init.numpy(),
-    )
-    assert_matches(got, want, 1e-12, final, want_final)
+    check_against_the_loop(seqs, alpha, wx, init, 1e-12, chunk=4, block=4, scan="chained")
 
 
 @pytest.mark.parametrize(
@@ -736,14 +706,7 @@ def test_lookback_forward_matches_fp64_loop(
     seqs = random_seqs(lengths, 3, seed=51, dtype=dtype)
     alpha, wx = random_params(3, 51, dtype)
     init = torch.randn(len(lengths), 3, dtype=dtype) if with_state else None
-    got, final = run_triton(seqs, alpha, wx, init, chunk=2, block=8, scan="lookback")
-    want, want_final = loop_reference(
-        [s.numpy() for s in seqs],
-        alpha.numpy(),
-        wx.numpy(),
-        None if init is None else init.double().numpy(),
-    )
-    assert_matches(got, want, atol, final, want_final)
+    check_against_the_loop(seqs, alpha, wx, init, atol, chunk=2, block=8, scan="lookback")
 
 
 @settings(max_examples=8, deadline=None)
@@ -773,38 +736,16 @@ def test_lookback_random_batches_match_the_loop(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(triton_mod, "_INCLUSIVE_EVERY", every)
         mp.setattr(triton_mod, "_WINDOW", window)
-        got, final = run_triton(seqs, alpha, wx, init, chunk=chunk, block=block, scan="lookback")
-    want, want_final = loop_reference(
-        [s.numpy() for s in seqs],
-        alpha.numpy(),
-        wx.numpy(),
-        None if init is None else init.numpy(),
-    )
-    assert_matches(got, want, 1e-12, final, want_final)
+        check_against_the_loop(
+            seqs, alpha, wx, init, 1e-12, chunk=chunk, block=block, scan="lookback"
+        )
 
 
 @pytest.mark.parametrize("lookback_walks", [(1, 32), (3, 2)], indirect=True, ids=str)
 @pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
 @pytest.mark.usefixtures("lookback_walks")
 def test_lookback_gradcheck_float64(with_state: bool) -> None:
-    seqs = random_seqs([5, 2, 7], 2, seed=52, dtype=torch.float64)
-    packed = pack(seqs, DEVICE)
-    alpha, wx = random_params(2, 52, torch.float64)
-    inputs = [
-        packed.data.clone().requires_grad_(),
-        alpha.to(DEVICE).requires_grad_(),
-        wx.to(DEVICE).requires_grad_(),
-    ]
-    if with_state:
-        inputs.append(torch.randn(3, 2, dtype=torch.float64, device=DEVICE, requires_grad=True))
-
-    def fn(x: Tensor, a: Tensor, w: Tensor, *init: Tensor) -> tuple[Tensor, Tensor]:
-        s0 = init[0] if init else None
-        return smooth_packed_triton(
-            x, packed.batch_sizes, a, w, s0, chunk=2, block=4, carry=2, scan="lookback"
-        )
-
-    assert torch.autograd.gradcheck(fn, tuple(inputs), fast_mode=True)
+    assert gradcheck_float64(52, with_state, chunk=2, block=4, scan="lookback")
 
 
 @pytest.mark.parametrize("lookback_walks", [(1, 32), (3, 2)], indirect=True, ids=str)
@@ -816,27 +757,12 @@ def test_lookback_reads_only_what_was_published(
     """The side arrays (maps, inclusive states) and the outputs come out of NaN-filled memory:
     a look-back that reads a slot no tile published, or past its window's nearest inclusive
     state, turns the outputs NaN."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def poisoned(t: Tensor) -> Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-(2**30))
-
-    monkeypatch.setattr(triton_mod.torch, "empty", lambda *a, **k: poisoned(real_empty(*a, **k)))
-    monkeypatch.setattr(
-        triton_mod.torch, "empty_like", lambda *a, **k: poisoned(real_empty_like(*a, **k))
-    )
+    poison_empty_buffers(monkeypatch)
     lengths = [14, 9, 6, 3, 1]
     seqs = random_seqs(lengths, 2, seed=53, dtype=torch.float64)
     alpha, wx = random_params(2, 53, torch.float64)
     init = torch.randn(5, 2, dtype=torch.float64) if with_state else None
-    got, final = run_triton(seqs, alpha, wx, init, chunk=2, block=4, scan="lookback")
-    want, want_final = loop_reference(
-        [s.numpy() for s in seqs],
-        alpha.numpy(),
-        wx.numpy(),
-        None if init is None else init.numpy(),
-    )
-    assert_matches(got, want, 1e-12, final, want_final)
+    check_against_the_loop(seqs, alpha, wx, init, 1e-12, chunk=2, block=4, scan="lookback")
 
 
 def test_lookback_takes_the_chunked_tiles_each_scanned_whole() -> None:
