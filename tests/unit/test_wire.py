@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from service import wire
@@ -108,6 +108,47 @@ def test_numbers_parse_like_python_float(text: str) -> None:
         # an integer literal is an int to the precise path: -0 is 0
         "." not in text and "e" not in text.lower() and got == want == 0
     )
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(json_number(), min_size=1, max_size=40), st.sampled_from([",", ", ", ",\n  "]))
+def test_numbers_in_a_body_read_like_python_float(texts: list[str], sep: str) -> None:
+    """The body's own number loop (digits after the point read eight at a time where 16 bytes
+    follow, one at a time near the end): each number as float32(float(text))."""
+    # as the precise path reads them: an integer literal is an int (-0 is 0)
+    values = [float(int(t)) if t.lstrip("-").isdigit() else float(t) for t in texts]
+    with np.errstate(over="ignore"):
+        want = np.array(values, np.float64).astype(np.float32)
+    assume(np.isfinite(want).all())  # past float32's range: an error, tested apart
+    rows = sep.join(f"[{t}]" for t in texts)
+    body = f'{{"sequences": [[{rows}]]}}'.encode()
+    decoded = wire.decode(body, wire.JSON, "sequences", LIMITS)
+    if decoded is None:  # near or past float64's range: the precise path's, not this test's
+        assert any(abs(float(t)) > 1e300 or "e" in t.lower() for t in texts)
+        return
+    got = decoded.sequences(1, "m", check_finite=False).data.ravel()
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("digits", range(0, 20))
+@pytest.mark.parametrize(("suffix", "space"), [("", ""), ("e-3", ""), ("E+2", ""), ("", " ")])
+def test_every_count_of_fraction_digits(digits: int, suffix: str, space: str) -> None:
+    """0 to 19 digits after the point (0 is invalid JSON: declined), with or without an
+    exponent or a space after them, far from the body's end (30 numbers follow) and at it."""
+    frac = "".join(str((7 * i + 3) % 10) for i in range(digits))
+    number = f"-12.{frac}{suffix}"
+    for following in (0, 30):
+        rows = ",".join([f"[{number}{space}]"] + ["[0.5]"] * following)
+        body = f'{{"sequences": [[{rows}]]}}'.encode()
+        decoded = wire.decode(body, wire.JSON, "sequences", LIMITS)
+        if digits == 0:
+            assert decoded is None
+            continue
+        assert decoded is not None, body
+        data = decoded.sequences(1, "m", check_finite=False).data.ravel()
+        want = np.float32(float(number))
+        assert data[0].view(np.uint32) == want.view(np.uint32), number
+        assert (data[1:] == np.float32(0.5)).all()
 
 
 @pytest.mark.parametrize(
