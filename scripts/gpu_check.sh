@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One command for a GPU host, in under five minutes: the CUDA tests, the kernel benchmark on CUDA
-# and the service end to end with --device cuda against --device cpu on the same host. Writes
+# One command for a GPU host, in about eight minutes (its step limits add up to 770 s; session 6's
+# run took 367 s without the tile sweeps): the CUDA tests, the kernel benchmark on CUDA, tile
+# sweeps, and the service end to end with --device cuda against --device cpu on the same host. Writes
 # markdown to paste into docs/BENCHMARKS.md (with the GPU model from nvidia-smi and the date),
 # plus each step's full output, under OUT.
 #
@@ -21,7 +22,7 @@
 # any failed):
 #   1. python -m pytest -q tests/gpu tests/unit/test_rollout_backends.py
 #   2. python -m bench.bench_models --device cuda   (JAX rows each in a process of their own)
-#   3. python -m bench.bench_tiles --device cuda --budget-s 120   (candidate tiles of the Triton
+#   3. python -m bench.bench_tiles --device cuda --budget-s 100   (candidate tiles of the Triton
 #      kernels, the data to choose their defaults by), then the smoother's look-back scan alone
 #      (--scans lookback: its programs wait on one another, so it gets its own timeout)
 #   4. python -m bench.bench_gpu_e2e --devices cuda cpu   (64 clients, JSON: /smooth 50-500
@@ -108,8 +109,8 @@ if [ "$mode" = gpu ]; then
   device=cuda
   heading="## GPU check (\`scripts/gpu_check.sh\`)"
   bench_args=(--device cuda)
-  tiles_args=(--device cuda --budget-s 120)
-  lookback_args=(--device cuda --budget-s 30 --kernels smoother --scans lookback)
+  tiles_args=(--device cuda --budget-s 100)
+  lookback_args=(--device cuda --budget-s 25 --kernels smoother --scans lookback)
   e2e_args=(--devices cuda cpu)
 else
   device=cpu
@@ -171,7 +172,7 @@ step() { # step NAME TIMEOUT_S LOG CMD...: run CMD under a timeout, output to LO
 
 rm -f "$out"/bench_models.md "$out"/bench_tiles.md "$out"/bench_tiles_lookback.md \
   "$out"/bench_e2e.md
-step "tests" 120 "$out/pytest.txt" \
+step "tests" 150 "$out/pytest.txt" \
   "$py" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_rollout_backends.py
 step "kernel benchmark" 240 "$out/bench_models.log" \
   "$py" -m bench.bench_models "${bench_args[@]}" --out "$out/bench_models.md"
@@ -181,10 +182,10 @@ if [ ! -s "$out/bench_models.md" ]; then
   step "kernel benchmark, no JAX" 180 "$out/bench_models_nojax.log" \
     "$py" -m bench.bench_models "${bench_args[@]}" --no-jax --out "$out/bench_models.md"
 fi
-step "tile sweep" 170 "$out/bench_tiles.log" \
+step "tile sweep" 150 "$out/bench_tiles.log" \
   "$py" -m bench.bench_tiles "${tiles_args[@]}" --out "$out/bench_tiles.md"
 # the look-back scan's programs wait on one another: swept apart, so a hang costs only this step
-step "look-back scan sweep" 60 "$out/bench_tiles_lookback.log" \
+step "look-back scan sweep" 50 "$out/bench_tiles_lookback.log" \
   "$py" -m bench.bench_tiles "${lookback_args[@]}" --out "$out/bench_tiles_lookback.md"
 step "end to end" 180 "$out/bench_e2e.log" \
   "$py" -m bench.bench_gpu_e2e "${e2e_args[@]}" --out "$out/bench_e2e.md"

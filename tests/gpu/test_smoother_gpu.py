@@ -150,7 +150,7 @@ def test_lookback_scan_equals_the_cpu_path_and_never_hangs() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     try:
         done = subprocess.run(
-            [sys.executable, "-c", LOOKBACK_CHILD, str(root), "5"],
+            [sys.executable, "-c", LOOKBACK_CHILD, str(root), "3"],
             capture_output=True,
             text=True,
             timeout=90,
