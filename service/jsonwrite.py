@@ -42,11 +42,9 @@ from typing import Any
 import numba
 import numpy as np
 import orjson
-from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic
 
 from models.packing import FlatSequences
+from service.intrinsics import bit_length, store8
 
 # -- Dragonbox for binary32 ------------------------------------------------------------------
 
@@ -213,44 +211,11 @@ def _to_decimal(ieee_mantissa: int, ieee_exponent: int) -> tuple[int, int]:
     return out, minus_k + 1 + big
 
 
-def _bit_length_typing(typingctx: Any, v: Any) -> Any:
-    """``int.bit_length`` of an int64 v > 0, by LLVM's count of leading zeros."""
-    sig = types.int64(types.int64)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        i64 = ir.IntType(64)
-        fnty = ir.FunctionType(i64, [i64, ir.IntType(1)])
-        ctlz = builder.module.declare_intrinsic("llvm.ctlz", [i64], fnty)
-        zeros = builder.call(ctlz, [args[0], ir.Constant(ir.IntType(1), 1)])
-        return builder.sub(ir.Constant(i64, 64), zeros)
-
-    return sig, codegen
-
-
-_bit_length: Any = intrinsic(_bit_length_typing)
-
-
 def _decimal_length9(v: int) -> int:
     # the digits of 0 < v < 10**9 without branches (their number varies at random):
     # floor(log10(2**bit_length)), one less where v is below that power of ten
-    t: int = (_bit_length(v) * 1233) >> 12
+    t: int = (bit_length(v) * 1233) >> 12
     return t - int(v < _POW10[_U(t)]) + 1
-
-
-def _store8_typing(typingctx: Any, buf: Any, pos: Any, word: Any) -> Any:
-    """Store the int64 ``word`` little-endian at ``buf[pos:pos + 8]`` (a uint8 array), unaligned."""
-    sig = types.void(buf, pos, word)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> None:
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        ptr = builder.gep(array.data, [args[1]])
-        store = builder.store(args[2], builder.bitcast(ptr, ir.IntType(64).as_pointer()))
-        store.align = 1
-
-    return sig, codegen
-
-
-_store8: Any = intrinsic(_store8_typing)
 
 
 def _ascii8(a: int) -> int:
@@ -390,12 +355,12 @@ def _write_rows(bits: Any, k: int, rows: int, width: int, buf: Any, pos: int) ->
             # the end is overwritten by what follows (the buffer has room for it)
             buf[_U(pos)] = 0x2D
             pos += b >> 31
-            _store8(buf, pos, 0x3030303030302E30)
+            store8(buf, pos, 0x3030303030302E30)
             w = mant * _POW10[_U(9 - length)]
             first = (w * 1441151881) >> 57  # w // 10**8
             p = pos + 2 - kk
             buf[_U(p)] = 0x30 + first
-            _store8(buf, p + 1, _ascii8(w - first * 100000000))
+            store8(buf, p + 1, _ascii8(w - first * 100000000))
             pos = p + length
         buf[_U(pos)] = 0x5D
         pos += 1

@@ -287,16 +287,6 @@ class CodecPool:
             self._pool.shutdown(wait=True)
 
 
-def _codec(request: Request) -> CodecPool:
-    state = request.app.state
-    try:
-        codec: CodecPool = state.codec
-    except AttributeError:  # one per app
-        settings = state.settings
-        codec = state.codec = CodecPool(settings.codec_threads, settings.codec_offload_bytes)
-    return codec
-
-
 def _json_bytes(outputs: Any) -> int:
     """About the size of ``outputs`` written as JSON (12 bytes a number, the usual float32)."""
     data = getattr(outputs, "data", None)
@@ -560,7 +550,7 @@ async def _infer(
             settings.max_sequence_length,
             settings.max_request_timesteps,
         )
-        codec = _codec(request)
+        codec: CodecPool = state.codec  # create_app's, closed by its lifespan
         ctype = request.headers.get("content-type")
         decoded = await codec.run(len(body), wire.decode, body, ctype, field, limits)
         if decoded is None:  # off the JSON fast path: the precise parser says what is wrong

@@ -30,12 +30,10 @@ from typing import Any
 import numba
 import numpy as np
 import orjson
-from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic
 
 from models.packing import FlatSequences
 from service import jsonwrite
+from service.intrinsics import load8, trailing_zeros
 from service.validation import Limits, RequestError
 
 SAFETENSORS = "application/x-safetensors"
@@ -85,35 +83,6 @@ _P5_HI, _P5_LO = _power_of_five_table()
 _POW10 = np.array([10.0**i for i in range(23)], dtype=np.float64)  # exact in float64
 
 
-def _load8_typing(typingctx: Any, buf: Any, pos: Any) -> Any:
-    """``buf[pos:pos + 8]`` (a uint8 array) as a little-endian uint64, unaligned."""
-    sig = types.uint64(buf, pos)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        ptr = builder.gep(array.data, [args[1]])
-        load = builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()))
-        load.align = 1
-        return load
-
-    return sig, codegen
-
-
-def _trailing_zeros_typing(typingctx: Any, v: Any) -> Any:
-    """The trailing zero bits of a uint64 v != 0 (LLVM's cttz)."""
-    sig = types.uint64(types.uint64)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        i64 = ir.IntType(64)
-        fnty = ir.FunctionType(i64, [i64, ir.IntType(1)])
-        cttz = builder.module.declare_intrinsic("llvm.cttz", [i64], fnty)
-        return builder.call(cttz, [args[0], ir.Constant(ir.IntType(1), 1)])
-
-    return sig, codegen
-
-
-_load8: Any = intrinsic(_load8_typing)
-_trailing_zeros: Any = intrinsic(_trailing_zeros_typing)
 _POW10_INT = np.array([10**i for i in range(9)], dtype=np.int64)
 
 
@@ -122,11 +91,11 @@ def _digits8(buf: Any, pos: int) -> tuple[Any, Any]:
     branch per digit (numbers of 7 to 9 digits end at random places): a byte is a digit if
     it is 0x30 ^ 0..9; the first that is not ends them; the digits, moved to the top of the word
     (zeros in front), become one number in three multiplications (as fast_float does)."""
-    w = _load8(buf, pos)
+    w = load8(buf, pos)
     x = w ^ _U64(0x3030303030303030)  # digits: 0..9 in their byte
     above9 = ((x & _U64(0x7F7F7F7F7F7F7F7F)) + _U64(0x7676767676767676)) | x
     stops = above9 & _U64(0x8080808080808080)  # the top bit of each byte that is no digit
-    k = np.int64(8) if stops == _U64(0) else np.int64(_trailing_zeros(stops) >> _U64(3))
+    k = np.int64(8) if stops == _U64(0) else np.int64(trailing_zeros(stops) >> _U64(3))
     if k == 0:
         return np.int64(0), np.int64(0)
     v = x << _U64(8 * (8 - k))  # the k digits at the top, zeros before them
