@@ -552,7 +552,9 @@ async def _infer(
         )
         codec: CodecPool = state.codec  # create_app's, closed by its lifespan
         ctype = request.headers.get("content-type")
-        decoded = await codec.run(len(body), wire.decode, body, ctype, field, limits)
+        # safetensors bodies are read in place, in far less than a hand-off to a thread costs
+        json_bytes = 0 if wire.is_safetensors(ctype) else len(body)
+        decoded = await codec.run(json_bytes, wire.decode, body, ctype, field, limits)
         if decoded is None:  # off the JSON fast path: the precise parser says what is wrong
             name, sequences = await codec.run(len(body), parse_body, body, schema, field)
         else:

@@ -178,3 +178,20 @@ def test_settings_refuse_what_cannot_be(threads: int, min_bytes: int) -> None:
 
     with pytest.raises(ValidationError):
         Settings(codec_threads=threads, codec_offload_bytes=min_bytes)
+
+
+async def test_binary_bodies_are_read_on_the_loop_whatever_their_size(
+    where_it_ran: list[tuple[str, str]],
+) -> None:
+    """safetensors bytes are read in place: no hand-off, however large (128 KB here)."""
+    from safetensors.numpy import save
+
+    rows = np.random.default_rng(11).uniform(-1, 1, (2_000, 16)).astype(np.float32)
+    body = save({"sequences": rows, "lengths": np.array([2_000], np.int64)})
+    headers = {"content-type": wire.SAFETENSORS, "accept": wire.SAFETENSORS}
+    async with running_app(codec_threads=2, codec_offload_bytes=20_000) as (_, client):
+        where_it_ran.clear()
+        r = await client.post("/smooth", content=body, headers=headers)
+    assert r.status_code == 200
+    assert r.headers["content-type"] == wire.SAFETENSORS
+    assert where_it_ran == [("decode", LOOP_THREAD)]
