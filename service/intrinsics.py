@@ -18,12 +18,13 @@ from numba.extending import intrinsic
 __all__ = ["bit_length", "load8", "store8", "trailing_zeros"]
 
 
-def _zero_count(name: str, value: Any, builder: Any) -> Any:
-    """LLVM's ``llvm.ctlz`` or ``llvm.cttz`` of a 64-bit value not 0."""
+def _zero_count(name: str, value: Any, builder: Any, *, zero: bool = False) -> Any:
+    """LLVM's ``llvm.ctlz`` or ``llvm.cttz`` of a 64-bit value: not 0, or, with ``zero``,
+    possibly 0 (then 64; x86's ``lzcnt``/``tzcnt`` give that without a branch)."""
     i64 = ir.IntType(64)
     fnty = ir.FunctionType(i64, [i64, ir.IntType(1)])
     fn = builder.module.declare_intrinsic(name, [i64], fnty)
-    return builder.call(fn, [value, ir.Constant(ir.IntType(1), 1)])
+    return builder.call(fn, [value, ir.Constant(ir.IntType(1), 0 if zero else 1)])
 
 
 def _bit_length_typing(typingctx: Any, v: Any) -> Any:
@@ -38,11 +39,11 @@ def _bit_length_typing(typingctx: Any, v: Any) -> Any:
 
 
 def _trailing_zeros_typing(typingctx: Any, v: Any) -> Any:
-    """The trailing zero bits of a uint64 v != 0 (LLVM's cttz)."""
+    """The trailing zero bits of a uint64 v, 64 if v is 0 (LLVM's cttz; one ``tzcnt``)."""
     sig = types.uint64(types.uint64)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return _zero_count("llvm.cttz", args[0], builder)
+        return _zero_count("llvm.cttz", args[0], builder, zero=True)
 
     return sig, codegen
 
