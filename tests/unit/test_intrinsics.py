@@ -4,6 +4,8 @@ branch-free digit count relies on)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 import pytest
@@ -12,17 +14,17 @@ from service.intrinsics import bit_length, load8, store8, trailing_zeros
 
 
 @numba.njit(cache=False)
-def _tz(v: np.uint64) -> np.uint64:
+def _tz(v: np.uint64) -> Any:
     return trailing_zeros(v)
 
 
 @numba.njit(cache=False)
-def _bl(v: np.int64) -> np.int64:
+def _bl(v: np.int64) -> Any:
     return bit_length(v)
 
 
 @numba.njit(cache=False)
-def _load(buf: np.ndarray, pos: int) -> np.uint64:
+def _load(buf: np.ndarray, pos: int) -> Any:
     return load8(buf, pos)
 
 
