@@ -1,10 +1,13 @@
 """service/protocol.py under a real uvicorn server on a thread of this process, for both of
 uvicorn's HTTP/1.1 parsers: the header timeout cuts off slow request heads only, never a slow
-answer or a slow body, on a connection's first request and on a kept-alive one."""
+answer or a slow body, on a connection's first request and on a kept-alive one. With httptools,
+a body the routes accept is read ahead without pausing, kept as the pieces that came and given
+to the app whole, byte for byte."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import socket
 import threading
 import time
@@ -12,11 +15,19 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import uvicorn
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
 
 from service.metrics import Metrics
-from service.protocol import H11HeaderTimeout, HttpToolsHeaderTimeout, app_state
+from service.protocol import (
+    H11HeaderTimeout,
+    HttpToolsHeaderTimeout,
+    _Body,
+    app_state,
+    read_ahead,
+)
 from tests.e2e import rawhttp
 from tests.e2e.server import free_port
 
@@ -135,3 +146,125 @@ def test_app_state_is_found_under_uvicorns_middleware() -> None:
     assert app_state(wrapped) is app.state
     assert app_state(SimpleNamespace(app=None)) is None
     assert app_state(object()) is None
+
+
+# -- bodies read ahead (httptools) ---------------------------------------------------------------
+
+
+def test_read_ahead_is_the_declared_length_of_a_body_the_routes_accept() -> None:
+    limit = 1 << 20
+    assert read_ahead([(b"host", b"x"), (b"content-length", b"720346")], limit) == 720346
+    assert read_ahead([(b"content-length", str(limit).encode())], limit) == limit
+    # over the limit (refused before it is read), small, absent, malformed: uvicorn's 64 KiB
+    assert read_ahead([(b"content-length", str(limit + 1).encode())], limit) == HIGH_WATER_LIMIT
+    assert read_ahead([(b"content-length", b"10")], limit) == HIGH_WATER_LIMIT
+    assert read_ahead([(b"transfer-encoding", b"chunked")], limit) == HIGH_WATER_LIMIT
+    assert read_ahead([(b"content-length", b"-5")], limit) == HIGH_WATER_LIMIT
+    assert read_ahead([(b"content-length", b"9" * 30)], 10**40) == HIGH_WATER_LIMIT
+    # the first Content-Length counts; no settings (another app): uvicorn's
+    two = [(b"content-length", b"100000"), (b"content-length", b"200000")]
+    assert read_ahead(two, limit) == 100000
+    assert read_ahead([(b"content-length", b"720346")], None) == HIGH_WATER_LIMIT
+
+
+def test_a_body_is_its_pieces_joined_once() -> None:
+    body = _Body(bytearray(b"ab"))  # what uvicorn's cycle held before
+    body += b"cde"
+    body += b"f"
+    assert len(body) == 6
+    assert bytes(body) == b"abcdef"
+    one = b"x" * 100
+    alone = _Body()
+    alone += one
+    assert bytes(alone) is one  # one piece: given as it came, not copied
+    assert bytes(_Body()) == b""
+    assert len(_Body()) == 0
+
+
+class EchoApp:
+    """Reads the whole body (after ``wait`` seconds), answers its length and SHA-256 and how many
+    messages it came in."""
+
+    def __init__(self, max_request_bytes: int | None, wait: float) -> None:
+        self.wait = wait
+        self.state = SimpleNamespace(
+            settings=SimpleNamespace(
+                header_timeout_s=30.0, limit_concurrency=None, max_request_bytes=max_request_bytes
+            ),
+            metrics=Metrics(),
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await asyncio.sleep(self.wait)
+        digest = hashlib.sha256()
+        size = messages = 0
+        more = True
+        while more:
+            message = await receive()
+            more = message.get("more_body", False)
+            digest.update(message.get("body", b""))
+            size += len(message.get("body", b""))
+            messages += 1
+        body = f"{size} {digest.hexdigest()} {messages}".encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture
+def pauses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every time a connection stops reading (uvicorn's flow control), counted."""
+    counted: list[int] = []
+    pause = FlowControl.pause_reading
+
+    def counting(self: FlowControl) -> None:
+        counted.append(1)
+        pause(self)
+
+    monkeypatch.setattr(FlowControl, "pause_reading", counting)
+    return counted
+
+
+def serve(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
+    port = free_port()
+    config = uvicorn.Config(
+        app, port=port, http=HttpToolsHeaderTimeout, lifespan="off", log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    return f"http://127.0.0.1:{port}", server, thread
+
+
+@pytest.mark.parametrize(
+    ("max_request_bytes", "read_ahead_expected"),
+    [(4 << 20, True), (1 << 20, False), (None, False)],
+    ids=["accepted", "over-the-limit", "no-settings"],
+)
+def test_a_body_is_read_ahead_only_when_the_routes_accept_its_length(
+    pauses: list[int], max_request_bytes: int | None, read_ahead_expected: bool
+) -> None:
+    body = np.random.default_rng(0).integers(0, 256, (3 << 20) // 2, np.uint8).tobytes()
+    url, server, thread = serve(EchoApp(max_request_bytes, wait=0.3))
+    try:
+        sock = rawhttp.connect(url)
+        for _ in range(2):  # the second on the kept-alive connection
+            head = f"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n"
+            sock.sendall(head.encode() + body)
+            status, _, answer = rawhttp.read_response(sock)
+            size, digest, messages = answer.decode().split()
+            assert (status, int(size), digest) == (200, len(body), hashlib.sha256(body).hexdigest())
+            assert int(messages) >= 1
+        sock.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    # read ahead: the connection never stopped reading; else it stopped at 64 KiB held while
+    # the app waited (0.3 s: the 1.5 MB body had long come over loopback)
+    assert (len(pauses) == 0) == read_ahead_expected, len(pauses)
