@@ -334,7 +334,7 @@ def render(
         "",
         f"### Measured: `--workers 1` vs `--workers 2`, {CLIENTS} closed-loop clients",
         "",
-        "The load generator (`bench.load.closed_loop`, aiohttp) runs on the same "
+        "The load generator (`bench.load.closed_loop`) runs on the same "
         f"{os.cpu_count()} cores as the server, so these rows compare two workers with one "
         "on cores that are not free, not how throughput grows with cores. CPU per request is read "
         "from `/proc` for each process and thread over the run: *HTTP* is the workers (with "

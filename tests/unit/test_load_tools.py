@@ -129,9 +129,13 @@ class Tiny:
         self.requests = 0
         self.batches = 0
         self.release = asyncio.Event()  # set at shutdown: /hang answers then
+        self.peers: list[object] = []  # each request's connection (client address and port)
+        self.received: list[bytes] = []  # each /smooth and /close body, as it came
 
     async def smooth(self, request: web.Request) -> web.Response:
         data = await request.read()
+        self.peers.append(request.transport.get_extra_info("peername") if request.transport else 0)
+        self.received.append(data)
         if request.content_type == "application/x-safetensors":  # answers binary like rnnserve
             rows = int(st_load(data)["lengths"].sum())
             body = st_save({"sequences": np.zeros((rows, 16), np.float32)})
@@ -143,6 +147,12 @@ class Tiny:
         if n % 4 == 0:
             return web.json_response({"type": "queue_full"}, status=503)
         return web.json_response({"model": "smoother", "sequences": [[[0.0] * 16]]})
+
+    async def close(self, request: web.Request) -> web.Response:
+        """Answers and closes the connection (``Connection: close``)."""
+        self.received.append(await request.read())
+        self.requests += 1
+        return web.json_response({"ok": True}, headers={"Connection": "close"})
 
     async def hang(self, request: web.Request) -> web.Response:
         await self.release.wait()
@@ -165,6 +175,7 @@ async def tiny_server(tiny: Tiny) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/smooth", tiny.smooth)
     app.router.add_post("/hang", tiny.hang)
+    app.router.add_post("/close", tiny.close)
     app.router.add_get("/metrics", tiny.metrics)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -249,6 +260,47 @@ async def test_timeouts_and_refused_connections_are_errors_not_hangs() -> None:
     assert r.errors == Counter({"connection": 6})
     assert r.batch is None
     assert math.isnan(r.p(99))
+
+
+async def test_the_client_sends_each_body_whole_on_kept_alive_connections() -> None:
+    tiny = Tiny()
+    bodies = make_bodies(SMOOTH, 5) + make_bodies(SMOOTH, 2, seed=1, fmt="binary")
+    async with tiny_server(tiny) as url:
+        r = await closed_loop(url, SMOOTH, bodies, clients=3, seconds=30, max_requests=28)
+    assert r.sent == len(tiny.received) == 28
+    assert sorted(tiny.received) == sorted(bodies[i % 7].data for i in range(28))
+    assert len(set(tiny.peers)) == 3  # one connection per client, kept alive
+
+
+async def test_a_server_that_closes_each_connection_is_not_an_error() -> None:
+    close = Workload("close", "/close", "sequences", "sequences", "smoother", 16, 16, 50, 60)
+    tiny = Tiny()
+    bodies = make_bodies(close, 3)
+    async with tiny_server(tiny) as url:
+        r = await closed_loop(url, close, bodies, clients=2, seconds=30, max_requests=10)
+    assert (r.ok, r.sent, tiny.requests) == (10, 10, 10)
+    assert r.errors == Counter()
+
+
+async def test_an_answer_that_is_not_http_is_a_connection_error() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        writer.write(b"SPDY/9 what\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # until the client hangs up
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        r = await closed_loop(
+            f"http://127.0.0.1:{port}", SMOOTH, make_bodies(SMOOTH, 1), clients=2, seconds=10,
+            max_requests=4, timeout_s=5,
+        )  # fmt: skip
+    finally:
+        server.close()
+    assert r.errors == Counter({"connection": 4})
+    assert r.ok == 0
 
 
 async def test_binary_probe_and_command_line(capsys: pytest.CaptureFixture[str]) -> None:
