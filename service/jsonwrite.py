@@ -8,7 +8,8 @@
 for a C-contiguous float32 ``data`` ``[sum T_i, F]`` and integer ``lengths`` ``[N]``. orjson
 itself writes the header ``{"model":"<escaped>","<field>":[`` (so names are escaped, or
 refused, its way); the numbers, brackets and commas are written by one numba loop into a
-preallocated buffer, copied once into the ``bytes`` returned. Anything else (another dtype, not
+preallocated buffer, copied once into the ``bytes`` returned (or, for the routes, a body of
+its own buffer given as a ``memoryview``, not copied). Anything else (another dtype, not
 2-D, not C-contiguous, a field named ``model``, lengths that do not add up) goes to that orjson
 call itself, so the answer, or the error, is orjson's in every case.
 
@@ -37,7 +38,7 @@ hypothesis, several shapes and lengths, names needing escapes, what goes to orjs
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Literal, overload
 
 import numba
 import numpy as np
@@ -442,8 +443,22 @@ _HEADERS_MAX = 256
 _headers: dict[tuple[str, str], np.ndarray] = {}  # '{"model":"<model>","<field>":[' by names
 
 
-def sequences_json(model: str, out_field: str, data: np.ndarray, lengths: np.ndarray) -> bytes:
-    """``{"model": model, out_field: [[[x, ...], ...], ...]}`` exactly as orjson writes it."""
+@overload
+def sequences_json(
+    model: str, out_field: str, data: np.ndarray, lengths: np.ndarray, *, view: Literal[False] = ...
+) -> bytes: ...
+@overload
+def sequences_json(
+    model: str, out_field: str, data: np.ndarray, lengths: np.ndarray, *, view: bool
+) -> bytes | memoryview: ...
+def sequences_json(
+    model: str, out_field: str, data: np.ndarray, lengths: np.ndarray, *, view: bool = False
+) -> bytes | memoryview:
+    """``{"model": model, out_field: [[[x, ...], ...], ...]}`` exactly as orjson writes it.
+
+    ``bytes``; with ``view``, a body too large for the thread's scratch buffer is returned as a
+    ``memoryview`` of the buffer written for it alone (not copied: ~5 % of the write for a
+    4,000 x 16 answer; an HTTP response sends either)."""
     if (
         type(data) is not np.ndarray
         or data.dtype != np.float32
@@ -474,6 +489,8 @@ def sequences_json(model: str, out_field: str, data: np.ndarray, lengths: np.nda
     end = _write_body(data, lengths.astype(np.int64, copy=False), head, buf)
     if end < 0:  # lengths that do not add up: FlatSequences raises ValueError
         return _orjson(model, out_field, data, lengths)
+    if view and buf is not getattr(_scratch, "buf", None):
+        return buf[:end].data
     return buf[:end].tobytes()
 
 

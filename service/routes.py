@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import hmac
 import logging
 import math
@@ -627,8 +628,11 @@ async def _infer(
             response: Response = BuffersResponse(parts, media_type=wire.SAFETENSORS)
             response.headers.update(headers)
             return response
-        body = await codec.run(_json_bytes(outputs), wire.encode, name, out_field, outputs, False)
-        return Response(body, media_type=wire.JSON, headers=headers)
+        answer = await codec.run(
+            _json_bytes(outputs), functools.partial(wire.encode, view=True),
+            name, out_field, outputs, False,
+        )  # fmt: skip
+        return Response(answer, media_type=wire.JSON, headers=headers)
     except ClientGone:
         code = 499  # nginx's "client closed request": nobody reads this answer
         metrics.cancelled.labels(endpoint).inc()

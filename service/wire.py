@@ -960,13 +960,19 @@ def safetensors_parts(tensors: dict[str, np.ndarray], metadata: dict[str, str]) 
 
 
 def encode(
-    model: str, out_field: str, outputs: FlatSequences | list[np.ndarray], binary: bool
-) -> bytes:
-    """The response body: safetensors when ``binary``, else JSON written from the buffers."""
+    model: str,
+    out_field: str,
+    outputs: FlatSequences | list[np.ndarray],
+    binary: bool,
+    *,
+    view: bool = False,
+) -> bytes | memoryview:
+    """The response body: safetensors when ``binary``, else JSON written from the buffers (with
+    ``view``, a large one as a view of its own buffer: jsonwrite.sequences_json)."""
     if binary:
         return b"".join(encode_parts(model, out_field, outputs))
     flat = outputs if isinstance(outputs, FlatSequences) else FlatSequences.from_arrays(outputs)
-    return jsonwrite.sequences_json(model, out_field, flat.data, flat.lengths)
+    return jsonwrite.sequences_json(model, out_field, flat.data, flat.lengths, view=view)
 
 
 def warm_up() -> None:

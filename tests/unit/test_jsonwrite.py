@@ -422,3 +422,24 @@ def test_bodies_of_empty_sequences_at_the_edge_of_the_thread_buffer() -> None:
         assert body == orjson.dumps({"model": "m", "sequences": [[]] * n}), n
     assert len(got[0]) < limit - 32
     assert len(got[-1]) > limit + 8
+
+
+def test_a_view_is_given_only_of_a_buffer_written_for_that_body_alone() -> None:
+    rng = np.random.default_rng(3)
+    small = rng.uniform(-1, 1, (10, 16)).astype(np.float32)  # in the thread's scratch buffer
+    large = rng.uniform(-1, 1, (4000, 16)).astype(np.float32)  # its own buffer (> 1 MiB asked)
+    for data in (small, large):
+        lengths = np.array([len(data)])
+        want = reference("m", "sequences", data, lengths)
+        plain = sequences_json("m", "sequences", data, lengths)
+        viewed = sequences_json("m", "sequences", data, lengths, view=True)
+        assert type(plain) is bytes
+        assert plain == want
+        assert bytes(viewed) == want
+        # a view of the scratch buffer would change under the next body the thread writes
+        assert type(viewed) is (memoryview if data is large else bytes)
+    first = sequences_json("m", "sequences", large, np.array([4000]), view=True)
+    kept = bytes(first)
+    sequences_json("m", "sequences", -large, np.array([4000]), view=True)
+    sequences_json("m", "sequences", small, np.array([10]))
+    assert bytes(first) == kept  # its buffer is its own
