@@ -83,6 +83,7 @@ _P5_HI, _P5_LO = _power_of_five_table()
 _POW10 = np.array([10.0**i for i in range(23)], dtype=np.float64)  # exact in float64
 
 
+_HI = _U64(0x8080808080808080)
 _SIGN = np.array([1.0, -1.0])  # times 1 or -1: exact, and -0.0 for a negative 0
 _POW10_INT = np.array([10**i for i in range(9)], dtype=np.int64)
 
@@ -90,21 +91,35 @@ _POW10_INT = np.array([10**i for i in range(9)], dtype=np.int64)
 def _digits8(buf: Any, pos: int) -> tuple[Any, Any]:
     """(k, value) of the k <= 8 decimal digits that start ``buf[pos:pos + 8]``, without a
     branch (numbers of 7 to 9 digits end at random places; a branch there mispredicts about
-    every other number, ~20 % of the read): a byte is a digit if
-    it is 0x30 ^ 0..9; the first that is not ends them; the digits, moved to the top of the word
-    (zeros in front), become one number in three multiplications (as fast_float does)."""
+    every other number, ~20 % of the read): the first byte that is no digit ends them (as
+    fast_float does)."""
     w = load8(buf, pos)
-    x = w ^ _U64(0x3030303030303030)  # digits: 0..9 in their byte
-    above9 = ((x & _U64(0x7F7F7F7F7F7F7F7F)) + _U64(0x7676767676767676)) | x
-    stops = above9 & _U64(0x8080808080808080)  # the top bit of each byte that is no digit
-    k = np.int64(trailing_zeros(stops) >> _U64(3))  # 8 if all are digits (64 zeros)
-    v = x << _U64((8 * (8 - k)) & 63)  # the k digits at the top, zeros before them
+    k = np.int64(trailing_zeros(_stops(w)) >> _U64(3))  # 8 if all are digits (64 zeros)
+    return k, _digit_value(w ^ _U64(0x3030303030303030), k)
+
+
+def _stops(w: Any) -> Any:
+    """The top bit of each byte of ``w`` that is not an ASCII digit (0x30 ^ 0..9)."""
+    x = w ^ _U64(0x3030303030303030)
+    return (((x & _U64(0x7F7F7F7F7F7F7F7F)) + _U64(0x7676767676767676)) | x) & _HI
+
+
+def _dots(w: Any) -> Any:
+    """The top bit of each byte of ``w`` that is '.'."""
+    y = w ^ _U64(0x2E2E2E2E2E2E2E2E)
+    return ~(((y & _U64(0x7F7F7F7F7F7F7F7F)) + _U64(0x7F7F7F7F7F7F7F7F)) | y) & _HI
+
+
+def _digit_value(x: Any, k: Any) -> Any:
+    """The number the first ``k`` (0 to 8) bytes of ``x`` make, each a digit's value 0..9: moved
+    to the top of the word (zeros in front), they become one number in three multiplications."""
+    v = x << _U64((8 * (8 - k)) & 63)
     v = v * _U64(10) + (v >> _U64(8))
     v = (
         (v & _U64(0x000000FF000000FF)) * _U64(0x000F424000000064)
         + ((v >> _U64(16)) & _U64(0x000000FF000000FF)) * _U64(0x0000271000000001)
     ) >> _U64(32)
-    return k, (np.int64(v) if k else np.int64(0))  # k = 0: v is not digits (a select)
+    return np.int64(v) if k else np.int64(0)  # k = 0: not digits (a select, not a branch)
 
 
 def _is_ws(c: Any) -> bool:
@@ -220,6 +235,51 @@ def _read_field(
             while True:  # numbers
                 if pos >= n or k >= cap:
                     return -1
+                if pos + 24 <= n:
+                    # the usual shape first (-?d+.d+ in at most 15 bytes, then ',' or ']', as
+                    # float writers put it), read from words: where it ends and what ends it
+                    # come from bit masks, without a dependent load or a branch per part, so the
+                    # next number's reading starts while this one's digits are converted
+                    w0 = load8(buf, pos)
+                    w1 = load8(buf, pos + 8)
+                    minus = (w0 & _U64(0xFF)) == _U64(0x2D)
+                    stop0 = _stops(w0) & ~(_U64(minus) << _U64(7))  # the sign is no stop
+                    z0 = trailing_zeros(stop0 & ~_dots(w0)) >> _U64(3)  # 8: none in w0
+                    z1 = trailing_zeros(_stops(w1) & ~_dots(w1)) >> _U64(3)
+                    length = z0 if z0 < _U64(8) else _U64(8) + z1  # 16: no end in 16 bytes
+                    end = (w0 if length < _U64(8) else w1) >> ((_U64(8) * length) & _U64(63))
+                    end &= _U64(0xFF)
+                    point = trailing_zeros(stop0) >> _U64(3)  # the first byte after the digits
+                    ints = np.int64(point) - np.int64(minus)
+                    fracs = np.int64(length) - np.int64(point) - 1
+                    lead = (w0 >> (_U64(8) * _U64(minus))) & _U64(0xFF)
+                    k1, v1 = _digits8(buf, pos + int(point) + 1)  # reads up to pos + 24
+                    k2, v2 = _digits8(buf, pos + int(point) + 9)
+                    if k1 < 8:
+                        k2 = 0
+                        v2 = 0
+                    if (  # & (no branch per test); anything else is read below
+                        (length < _U64(16))
+                        & (point < _U64(8))
+                        & (((w0 >> ((_U64(8) * point) & _U64(63))) & _U64(0xFF)) == _U64(0x2E))
+                        & (ints >= 1)
+                        & ((ints == 1) | (lead != _U64(0x30)))  # no leading zero
+                        & (fracs >= 1)
+                        & (k1 + k2 == fracs)  # digits only, up to the end
+                        & ((end == _U64(0x2C)) | (end == _U64(0x5D)))
+                    ):
+                        digits_w0 = w0 ^ _U64(0x3030303030303030)
+                        m = _digit_value(digits_w0 >> (_U64(8) * _U64(minus)), ints)
+                        m = (m * _POW10_INT[k1] + v1) * _POW10_INT[k2] + v2  # < 10**15
+                        value = float(m) / pow10[fracs]  # Clinger's, as below
+                        data[k] = np.float32(value * _SIGN[int(minus)])
+                        k += 1
+                        count += 1
+                        pos += int(length) + 1
+                        if end == _U64(0x2C):
+                            pos = _skip_ws(buf, pos)
+                            continue
+                        break
                 start = pos
                 neg = buf[pos] == 0x2D  # '-'
                 pos += int(neg)  # no branch: half the numbers have a sign, at random
@@ -614,6 +674,9 @@ def _first_non_finite(flat: Any) -> int:
 # reassoc: the block sums may be reordered (vectorised); NaN semantics stay (no nnan/ninf)
 _first_non_finite = _jit(_first_non_finite, error_model="numpy", fastmath={"reassoc"})
 _is_ws = _jit(_is_ws, inline="always")
+_stops = _jit(_stops, inline="always")
+_dots = _jit(_dots, inline="always")
+_digit_value = _jit(_digit_value, inline="always")
 _digits8 = _jit(_digits8, inline="always")
 _skip_ws = _jit(_skip_ws)
 _check_number = _jit(_check_number)

@@ -130,6 +130,63 @@ def test_numbers_in_a_body_read_like_python_float(texts: list[str], sep: str) ->
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@st.composite
+def usual_number(draw: st.DrawFn) -> str:
+    """The shape the reader takes first (-?d+.d+, then ',' or ']'), and its near misses: signs,
+    leading zeros, points and ends it must leave to the rest of the reader."""
+    sign = draw(st.sampled_from(["", "", "-", "-", "--", "+"]))
+    head = draw(st.sampled_from(["0", "00", "01", "", "7"]))
+    if draw(st.booleans()):
+        head = draw(st.sampled_from("123456789")) + _digits(draw, 0, 9)
+    point = draw(st.sampled_from([".", ".", ".", "", ".."]))
+    frac = _digits(draw, 0, 16)
+    tail = draw(st.sampled_from(["", "", "", "e5", "E-3", "e", " ", "\n", "."]))
+    return sign + head + point + frac + tail
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return isinstance(orjson.loads(text), int | float)
+    except orjson.JSONDecodeError:
+        return False
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(usual_number(), min_size=1, max_size=24), st.integers(1, 3))
+def test_numbers_of_the_usual_shape_and_its_near_misses(texts: list[str], rows: int) -> None:
+    """Numbers far from the body's end (trailing spaces keep 16 bytes after each), each
+    ending with ',' or ']': read as the precise path reads them, or declined where it refuses."""
+    row = "[" + ",".join(texts) + "]"
+    body = ('{"sequences": [[' + ",".join([row] * rows) + "]]}" + " " * 40).encode()
+    got = fast(body, len(texts))
+    if all(_is_number(t.strip()) for t in texts):
+        assert got is not None, body
+    if got is not None:
+        assert same(got, precise(body, len(texts))), body
+
+
+@pytest.mark.parametrize("ints", range(1, 9))
+@pytest.mark.parametrize("fracs", range(1, 17))
+def test_every_length_of_the_usual_shape(ints: int, fracs: int) -> None:
+    """-?d+.d+ of every count of digits on either side of the point (those the shape's two
+    words hold and those past them), signed and not, with ',' and ']' after it."""
+    rng = np.random.default_rng(ints * 100 + fracs)
+    texts = []
+    for sign in ("", "-", "", "-"):
+        lead = str(rng.integers(1, 10)) if ints > 1 else str(rng.integers(0, 10))
+        texts.append(
+            sign + lead + "".join(map(str, rng.integers(0, 10, ints - 1)))
+            + "." + "".join(map(str, rng.integers(0, 10, fracs)))
+        )  # fmt: skip
+    body = ('{"sequences": [[[' + ",".join(texts) + "]]]}" + " " * 40).encode()
+    with np.errstate(over="ignore"):
+        want = np.array([float(t) for t in texts]).astype(np.float32)
+    got = fast(body, len(texts))
+    assert got is not None
+    np.testing.assert_array_equal(np.frombuffer(got[1], np.float32).view(np.uint32),
+                                  want.view(np.uint32))  # fmt: skip
+
+
 @pytest.mark.parametrize("digits", range(0, 20))
 @pytest.mark.parametrize(("suffix", "space"), [("", ""), ("e-3", ""), ("E+2", ""), ("", " ")])
 def test_every_count_of_fraction_digits(digits: int, suffix: str, space: str) -> None:
