@@ -795,6 +795,9 @@ def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
         data[k] = v32
         if np.isinf(v32) and (first_inf < 0 or k < first_inf):
             first_inf = k
+    # what was read, out of the room for every number the body could hold (here, where the
+    # body was read: on a codec thread for a large one, not on the event loop)
+    data = data[: total * width].copy()  # (a body on the happy path has a step: width >= 1)
 
     def finish(input_dim: int, name: str, check_finite: bool) -> FlatSequences:
         del check_finite  # the scanner refuses NaN and Infinity, and found float32 overflow
@@ -802,7 +805,7 @@ def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
         _check_limits(n_seq, too_long, total, field, limits)
         if width != input_dim:  # the precise path reports the first step: every step has it
             raise _width_error(width, field, input_dim, name)
-        out = FlatSequences(data[: total * width].reshape(total, width).copy(), lengths[:n_seq])
+        out = FlatSequences(data.reshape(total, width), lengths[:n_seq])
         if first_inf >= 0:  # finite in JSON (float64) but out of float32's range
             raise _value_error(out, first_inf, field, "value is outside float32's range")
         return out

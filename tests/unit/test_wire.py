@@ -414,3 +414,18 @@ def test_first_non_finite_finds_the_first_nan_or_infinity() -> None:
             y[at] = bad
             y[min(at + 7, 19_999)] = np.nan  # a later one does not hide the first
             assert _first_non_finite(y) == at
+
+
+def test_a_read_body_holds_only_its_numbers_and_finishing_copies_nothing() -> None:
+    """The numbers are cut out of the room the reader had (one float per two bytes of body)
+    where the body is read, on a codec thread for a large one; the model's checks on the event
+    loop then copy nothing."""
+    rows = ",".join(f"[{i}.5, -{i}.25]" for i in range(300))
+    decoded = wire.decode(f'{{"sequences": [[{rows}]]}}'.encode(), None, "sequences", LIMITS)
+    assert decoded is not None
+    first = decoded.sequences(2, "m").data
+    assert first.shape == (300, 2)
+    base = first.base if first.base is not None else first
+    assert base.nbytes == first.nbytes  # not the ~3,000 floats of room
+    assert np.shares_memory(first, decoded.sequences(2, "m").data)
+    np.testing.assert_array_equal(first[7], [7.5, -7.25])
