@@ -14,12 +14,12 @@ its own buffer given as a ``memoryview``, not copied). Anything else (another dt
 call itself, so the answer, or the error, is orjson's in every case.
 
 Why: orjson takes 25-30 ns of CPU per float32. Medians on the shared 2-core development
-machine (``python scripts/check_jsonwrite.py --bench``, CPU time; three runs): the typical
-response, 280 steps x 16 tanh outputs, 63-66 us against orjson's 128-136 us (0.49-0.50x,
-about 14 ns per float); 64 sequences x 1000 steps x 16, 15.9-17.4 ms against 26.9-27.9 ms
-(0.59-0.63x: a fresh buffer and result, 11 MB each, cost page faults and a copy). Bodies up
-to 1 MiB are written into a buffer kept per thread, so that its pages stay mapped and cached;
-headers are kept by name.
+machine (``python scripts/check_jsonwrite.py --bench``, CPU time): the typical response, 280
+steps x 16 tanh outputs, 49 us against orjson's 119 us (0.41x, about 11 ns per float; 63-66
+against 128-136 before rows were written in two passes); 64 sequences x 1000 steps x 16,
+13.3 ms against 25.3 ms (0.53x: a fresh buffer and result, 11 MB each, cost page faults and
+a copy). Bodies up to 1 MiB are written into a buffer kept per thread, so that its pages stay
+mapped and cached; headers are kept by name.
 
 Each number is the shortest decimal that reads back as the same float32, the closest such
 (ties to even digits): Dragonbox (Junekey Jeon, 2020) for binary32, its common case without
