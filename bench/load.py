@@ -29,8 +29,8 @@ The client is kept cheap, since it shares the machine with the server it measure
 connection (HTTP/1.1, kept alive) writes a request built once (head and body) in one call
 and reads the answer with httptools (llhttp, uvicorn's parser), which finds its end by its
 length without keeping the body -- as ``wrk`` does. On the 4,000-step JSON workload it takes
-0.26 ms of CPU per request where aiohttp's client took 0.65 (docs/BENCHMARKS.md). ``/metrics``
-is read with aiohttp.
+0.28 ms of CPU per request where aiohttp's client took 0.61-0.65 (docs/BENCHMARKS.md); the
+naive baseline's figures are the same with either. ``/metrics`` is read with aiohttp.
 """
 
 from __future__ import annotations

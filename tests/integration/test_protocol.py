@@ -7,6 +7,7 @@ to the app whole, byte for byte."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import socket
 import threading
@@ -57,14 +58,13 @@ class SlowApp:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-@pytest.fixture(params=[HttpToolsHeaderTimeout, H11HeaderTimeout], ids=["httptools", "h11"])
-def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, SlowApp]]:
-    app = SlowApp()
+@contextlib.contextmanager
+def serving(app: Any, http: Any, **options: Any) -> Iterator[str]:
+    """``app`` under a real uvicorn with the protocol ``http``, on a thread; its URL."""
     port = free_port()
     config = uvicorn.Config(
-        app, port=port, http=request.param, lifespan="off", log_level="warning",
-        timeout_keep_alive=30,  # longer than anything here: only the header timeout acts
-    )  # fmt: skip
+        app, port=port, http=http, lifespan="off", log_level="warning", **options
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -72,9 +72,19 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, SlowApp]]:
     while not server.started:
         assert time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", app
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(params=[HttpToolsHeaderTimeout, H11HeaderTimeout], ids=["httptools", "h11"])
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, SlowApp]]:
+    app = SlowApp()
+    # keep-alive longer than anything here: only the header timeout acts
+    with serving(app, request.param, timeout_keep_alive=30) as url:
+        yield url, app
 
 
 def rejected(app: SlowApp) -> float:
@@ -227,21 +237,6 @@ def pauses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return counted
 
 
-def serve(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
-    port = free_port()
-    config = uvicorn.Config(
-        app, port=port, http=HttpToolsHeaderTimeout, lifespan="off", log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    return f"http://127.0.0.1:{port}", server, thread
-
-
 @pytest.mark.parametrize(
     ("max_request_bytes", "read_ahead_expected"),
     [(4 << 20, True), (1 << 20, False), (None, False)],
@@ -251,8 +246,7 @@ def test_a_body_is_read_ahead_only_when_the_routes_accept_its_length(
     pauses: list[int], max_request_bytes: int | None, read_ahead_expected: bool
 ) -> None:
     body = np.random.default_rng(0).integers(0, 256, (3 << 20) // 2, np.uint8).tobytes()
-    url, server, thread = serve(EchoApp(max_request_bytes, wait=0.3))
-    try:
+    with serving(EchoApp(max_request_bytes, wait=0.3), HttpToolsHeaderTimeout) as url:
         sock = rawhttp.connect(url)
         for _ in range(2):  # the second on the kept-alive connection
             head = f"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n"
@@ -262,9 +256,6 @@ def test_a_body_is_read_ahead_only_when_the_routes_accept_its_length(
             assert (status, int(size), digest) == (200, len(body), hashlib.sha256(body).hexdigest())
             assert int(messages) >= 1
         sock.close()
-    finally:
-        server.should_exit = True
-        thread.join(10)
     # read ahead: the connection never stopped reading; else it stopped at 64 KiB held while
     # the app waited (0.3 s: the 1.5 MB body had long come over loopback)
     assert (len(pauses) == 0) == read_ahead_expected, len(pauses)
