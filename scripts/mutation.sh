@@ -59,6 +59,9 @@ tests_for() {
                             tests/unit/test_reliability.py tests/integration/test_reliability.py \
                             tests/unit/test_ndjson.py tests/integration/test_own_models.py ;;
     service/jsonwrite.py) echo tests/unit/test_jsonwrite.py ;;
+    # uvicorn's protocol with the header timeout, the JSON 503 and bodies read ahead, under a
+    # real uvicorn on a thread
+    service/protocol.py) echo tests/integration/test_protocol.py ;;
     models/packing.py) echo tests/unit/test_packing.py tests/unit/test_smoothing.py \
                             tests/unit/test_traveller.py ;;
     models/__init__.py) echo tests/unit/test_loader.py tests/unit/test_torchscript.py ;;

@@ -178,9 +178,7 @@ class _Body:
         return self.size
 
     def __bytes__(self) -> bytes:
-        if len(self.pieces) == 1:
-            return self.pieces[0]
-        return b"".join(self.pieces)
+        return b"".join(self.pieces)  # one piece is returned as it is, not copied
 
 
 def read_ahead(headers: list[tuple[bytes, bytes]], max_request_bytes: int | None) -> int:

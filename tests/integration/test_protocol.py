@@ -170,6 +170,9 @@ def test_read_ahead_is_the_declared_length_of_a_body_the_routes_accept() -> None
     assert read_ahead([(b"content-length", b"10")], limit) == HIGH_WATER_LIMIT
     assert read_ahead([(b"transfer-encoding", b"chunked")], limit) == HIGH_WATER_LIMIT
     assert read_ahead([(b"content-length", b"-5")], limit) == HIGH_WATER_LIMIT
+    # at most 19 digits (int64's) are read as a length; a longer one is not turned into an int
+    assert read_ahead([(b"content-length", b"9" * 19)], 10**40) == 10**19 - 1
+    assert read_ahead([(b"content-length", b"1" + b"0" * 19)], 10**40) == HIGH_WATER_LIMIT
     assert read_ahead([(b"content-length", b"9" * 30)], 10**40) == HIGH_WATER_LIMIT
     # the first Content-Length counts; no settings (another app): uvicorn's
     two = [(b"content-length", b"100000"), (b"content-length", b"200000")]
