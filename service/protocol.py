@@ -100,6 +100,7 @@ class _HeaderTimeout:
 
     _header_timer: asyncio.TimerHandle | None = None
     _header_timeout_s: float | None = None
+    _max_request_bytes: int | None = None
     _state: Any = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -107,6 +108,7 @@ class _HeaderTimeout:
         self._state = app_state(self.app)
         settings = getattr(self._state, "settings", None)
         self._header_timeout_s = getattr(settings, "header_timeout_s", None)
+        self._max_request_bytes = getattr(settings, "max_request_bytes", None)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -211,10 +213,7 @@ if HttpToolsProtocol is not None:
 
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
-            settings = getattr(self._state, "settings", None)
-            self._read_ahead = read_ahead(
-                self.headers, getattr(settings, "max_request_bytes", None)
-            )
+            self._read_ahead = read_ahead(self.headers, self._max_request_bytes)
 
         def on_body(self, body: bytes) -> None:
             # uvicorn's on_body, with the body kept as pieces and read ahead (module docstring)
