@@ -507,8 +507,9 @@ class _Client:
         self._idle.clear()
 
 
-def _session(url: str, connections: int, timeout_s: float) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=connections)
+def _session(url: str, timeout_s: float) -> aiohttp.ClientSession:
+    """aiohttp for /metrics and the binary probe (the load itself goes through _Client)."""
+    connector = aiohttp.TCPConnector(limit=1)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     return aiohttp.ClientSession(loopback_url(url), connector=connector, timeout=timeout)
 
@@ -529,7 +530,7 @@ async def closed_loop(
         raise ValueError("need at least one client and one body")
     result = LoadResult(workload.name, "closed", fmt, clients=clients)
     client = _Client(url)
-    async with _session(url, 1, timeout_s) as session:  # /metrics only
+    async with _session(url, timeout_s) as session:  # /metrics only
         before = await read_batch_counters(session, workload.model)
         start = time.perf_counter()
         stop_at = start + seconds
@@ -595,7 +596,7 @@ async def open_loop(
     arrivals = poisson_arrivals(rate, seconds, max_requests, seed)
     result = LoadResult(workload.name, "open", fmt, rate=rate)
     client = _Client(url)
-    async with _session(url, 1, timeout_s) as session:  # /metrics only
+    async with _session(url, timeout_s) as session:  # /metrics only
         before = await read_batch_counters(session, workload.model)
         tasks: set[asyncio.Task[float]] = set()
         ends: list[float] = []
@@ -634,7 +635,7 @@ async def probe_binary(url: str, workload: Workload) -> bool:
     """Whether the server answers the safetensors format: one request, checked in full."""
     x = np.linspace(-1, 1, 3 * workload.features, dtype=np.float32).reshape(3, -1)
     body = encode(workload, [x, x[:2]], "binary")
-    async with _session(url, 1, 30.0) as session:
+    async with _session(url, 30.0) as session:
         try:
             async with session.post(workload.path, data=body.data, headers=body.headers) as r:
                 data = await r.read()
