@@ -76,7 +76,7 @@ from bench.load import (
     process_tree_cpu_seconds,
 )
 from bench.naive_server import start_naive_server
-from service.config import Settings
+from rnnserve.service.config import Settings
 from tests.e2e.server import Server, start_server, stop
 
 BEGIN = "<!-- bench_load:begin -->"

@@ -69,12 +69,12 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-import models.smoothing
+import rnnserve.models.smoothing
 from bench.padding import padded_time_major
-from models.kernels import ema_packed_numba, ema_packed_torch
-from models.packing import pack
-from models.smoothing import LinearRecursion
-from models.traveller import (
+from rnnserve.models.kernels import ema_packed_numba, ema_packed_torch
+from rnnserve.models.packing import pack
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.models.traveller import (
     ROLLOUT_BACKENDS,
     RolloutBackend,
     Traveller,
@@ -440,7 +440,7 @@ def traveller_seed_style(model: Traveller, sequences: Sequence[Tensor]) -> list[
 
 def smoother_kernels() -> tuple[str, ...]:
     """The ``LinearRecursion.kernel`` names this checkout knows (its ``Kernel`` Literal)."""
-    names = typing.get_args(getattr(models.smoothing, "Kernel", None))
+    names = typing.get_args(getattr(rnnserve.models.smoothing, "Kernel", None))
     return tuple(str(n) for n in names) or ("auto", "numba", "torch")
 
 
@@ -452,7 +452,7 @@ def make_smoother(
     with torch.no_grad():
         model.alpha_smooth.copy_(0.05 + 0.9 * torch.rand(feat_dim, generator=gen))
         model.wx.copy_(0.2 + 1.5 * torch.rand(feat_dim, generator=gen))
-    model.kernel = cast(models.smoothing.Kernel, kernel)
+    model.kernel = cast(rnnserve.models.smoothing.Kernel, kernel)
     with torch.inference_mode(False):  # parameters stay normal tensors, as when served
         return model.eval().requires_grad_(False).to(device)
 
@@ -689,7 +689,7 @@ class Suite:
                             "interpreter, for the tests)"
                         )
                     try:
-                        importlib.import_module("models.kernels.smoother_triton")
+                        importlib.import_module("rnnserve.models.kernels.smoother_triton")
                     except ImportError as e:
                         raise Unavailable(f"not in this checkout ({e})") from e
                 model = make_smoother(plan.feat_dim, kernel, dev)
@@ -709,7 +709,7 @@ class Suite:
             in pieces (``sub``), or the chained single-pass scan (``scan``)."""
 
             def build() -> Case:
-                from models.kernels.smoother_triton import smooth_packed_triton
+                from rnnserve.models.kernels.smoother_triton import smooth_packed_triton
 
                 def fn() -> Tensor:
                     return smooth_packed_triton(data, bs, alpha, wx, None, **tiles)[0]
@@ -1008,7 +1008,7 @@ class Suite:
 
     def encoder_builders(self, seqs: Sequence[Tensor], label: str) -> list[tuple[str, Builder]]:
         from examples.gru_encoder import GRUEncoder, PackedGRUEncoder, gru_cell_loop, make
-        from models import export, torchscript
+        from rnnserve.models import export, torchscript
 
         plan, dev = self.plan, self.device
         lengths = [len(s) for s in seqs]
@@ -1532,7 +1532,7 @@ def render_encoder(
         "output step divided by its L2 norm, served as your own model. Floor: the user's plain "
         f"`nn.Module` over the same padded batch `[T, B, 6]` in one call ({lib}). The served "
         "kinds run the packed batch: `recurrent` (the weights exported by `python -m "
-        "models.export`: one packed `nn.GRU` call, the head on the packed rows) and "
+        "rnnserve.models.export`: one packed `nn.GRU` call, the head on the packed rows) and "
         "`torchscript` (`PackedGRUEncoder` scripted, called as `forward(data, batch_sizes)`). "
         "Each cell: × floor · median per call · µs per step; lengths T/2..T. Checked against "
         f"the user's module in float64 (≤ {TOLERANCE:g}).",

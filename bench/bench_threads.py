@@ -4,7 +4,7 @@ Usage::
 
     python -m bench.bench_threads [--quick] [--out docs/BENCHMARKS.md]
 
-rnnserve runs every batch on one dedicated worker thread (``service/runtime.py``) with
+rnnserve runs every batch on one dedicated worker thread (``service/engine/runtime.py``) with
 ``torch_threads`` intra-op threads. MEASURED.md saw a 2.5-3x slowdown for torch called from a
 thread other than the first one with the default OpenMP threads. Each layout runs in a fresh
 process (OpenMP pools are per process), times the default models on server-like batches, and the
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-import models
 from bench.bench_models import DEFAULT_OUT, cpu_model, random_sequences, spread_lengths
 from bench.bench_models import write_section as _write_section
-from models.packing import pack
-from models.traveller import Traveller
+from rnnserve import models
+from rnnserve.models.packing import pack
+from rnnserve.models.traveller import Traveller
 
 BEGIN = "<!-- bench_threads:begin -->"
 END = "<!-- bench_threads:end -->"

@@ -46,8 +46,8 @@ import torch
 from torch import Tensor
 
 from bench.bench_models import DEFAULT_OUT, half_spread_lengths, random_sequences, write_section
-from models.packing import pack
-from models.traveller import Traveller
+from rnnserve.models.packing import pack
+from rnnserve.models.traveller import Traveller
 
 BEGIN = "<!-- bench_tiles:begin -->"
 END = "<!-- bench_tiles:end -->"
@@ -129,7 +129,7 @@ def smoother_candidates(
 
 def rollout_candidates(batch: int, quick: bool) -> Iterator[dict[str, Any]]:
     """The default first, then its PDL and tf32x3 forms, then other tiles."""
-    from models.kernels.rollout_triton import KernelConfig
+    from rnnserve.models.kernels.rollout_triton import KernelConfig
 
     yield {}
     yield {"pdl": True}
@@ -241,7 +241,7 @@ class Sweep:
         return got
 
     def smoother(self) -> None:
-        from models.kernels.smoother_triton import smooth_packed_triton
+        from rnnserve.models.kernels.smoother_triton import smooth_packed_triton
 
         feat = 16
         gen = torch.Generator().manual_seed(0)
@@ -270,7 +270,7 @@ class Sweep:
                     want = got
 
     def rollout(self) -> None:
-        from models.kernels.rollout_triton import TritonRollout
+        from rnnserve.models.kernels.rollout_triton import TritonRollout
 
         torch.manual_seed(0)
         model = Traveller(6, self.plan.hidden, 2).to(self.device)
@@ -374,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--kernels", default=",".join(KERNELS), help="comma-separated: smoother, rollout"
     )
     args = parser.parse_args(argv)
-    from models.kernels.smoother_triton import SCANS
+    from rnnserve.models.kernels.smoother_triton import SCANS
 
     scans = tuple(s for s in args.scans.split(",") if s)
     kernels = tuple(k for k in args.kernels.split(",") if k)

@@ -21,12 +21,13 @@ import numpy as np
 import orjson
 import torch
 
-import models
 from bench.bench_models import DEFAULT_OUT, cpu_model, write_section
-from models.packing import FlatSequences, pack_flat, plan, unpack_flat
-from models.smoothing import LinearRecursion
-from service import wire
-from service.validation import Limits, SmoothRequest, parse_body, to_arrays
+from rnnserve import models
+from rnnserve.models.packing import pack_flat, plan, unpack_flat
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.service.codec import bodies
+from rnnserve.service.http.validation import SmoothRequest, parse_body, to_arrays
+from rnnserve.service.interface import FlatSequences, Limits
 
 LIMITS = Limits(256, 100_000, 1_000_000)
 BEGIN = "<!-- bench_wire:begin -->"
@@ -48,11 +49,11 @@ def main() -> None:
     lengths = np.full(args.sequences, args.steps, np.int64)
     flat = x.reshape(-1, 16)
     json_body = orjson.dumps({"sequences": x}, option=orjson.OPT_SERIALIZE_NUMPY)
-    bin_body = wire.encode_safetensors({"sequences": flat, "lengths": lengths}, {})
+    bin_body = bodies.encode_safetensors({"sequences": flat, "lengths": lengths}, {})
     st: dict[str, Any] = {}
 
     def parse_json() -> None:
-        decoded = wire.decode(json_body, None, "sequences", LIMITS)
+        decoded = bodies.decode(json_body, None, "sequences", LIMITS)
         assert decoded is not None
         st["in"] = decoded.sequences(16, "smoother")
 
@@ -70,12 +71,12 @@ def main() -> None:
         return time.perf_counter() - t0
 
     def parse_bin() -> None:  # as the route, for the smoother on the CPU: the model checks
-        decoded = wire.decode(st["body"], wire.SAFETENSORS, "sequences", LIMITS)
+        decoded = bodies.decode(st["body"], bodies.SAFETENSORS, "sequences", LIMITS)
         assert decoded is not None
         st["in"] = decoded.sequences(16, "smoother", check_finite=False)
 
     def parse_bin_checked() -> None:  # as the route for other models: its own finite check
-        decoded = wire.decode(st["body"], wire.SAFETENSORS, "sequences", LIMITS)
+        decoded = bodies.decode(st["body"], bodies.SAFETENSORS, "sequences", LIMITS)
         assert decoded is not None
         st["in"] = decoded.sequences(16, "smoother")
 
@@ -100,11 +101,11 @@ def main() -> None:
 
     def out_json() -> None:
         outputs = FlatSequences(st["flat_out"], lengths)  # as the route: one flat array
-        st["resp"] = wire.encode("smoother", "sequences", outputs, False)
+        st["resp"] = bodies.encode("smoother", "sequences", outputs, False)
 
     def out_bin() -> None:  # as the route: the buffers go to the socket as they are
         outputs = FlatSequences(st["flat_out"], lengths)
-        st["resp"] = wire.encode_parts("smoother", "sequences", outputs)
+        st["resp"] = bodies.encode_parts("smoother", "sequences", outputs)
 
     out_arr = np.tanh(flat)
     stages: dict[str, Callable[[], Any]] = {
@@ -117,7 +118,7 @@ def main() -> None:
         "model": run,
         "unpack (gather)": unpack,
         "model, server path (smooth_flat: no packing, finite check fused)": run_flat,
-        "json: serialise (service.jsonwrite, from the flat buffer)": out_json,
+        "json: serialise (rnnserve.service.codec.json_writer, from the flat buffer)": out_json,
         "binary: serialise (header + buffers, no copy)": out_bin,
         "ref: orjson.loads": lambda: orjson.loads(json_body),
         "ref: orjson.dumps (numpy)": lambda: orjson.dumps(
@@ -158,7 +159,7 @@ def main() -> None:
     join = med["binary: join the received pieces"]
     outside_bin = join + med["binary: parse (finite check left to the model)"] + bin_serialise
     outside_checked = join + med["binary: parse with its own finite check"] + bin_serialise
-    json_write = med["json: serialise (service.jsonwrite, from the flat buffer)"]
+    json_write = med["json: serialise (rnnserve.service.codec.json_writer, from the flat buffer)"]
     outside_json = med["json: parse (fast path)"] + json_write
     ref = med["ref: orjson.loads"] + med["ref: orjson.dumps (numpy)"]
     lines += [

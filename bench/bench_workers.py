@@ -38,13 +38,12 @@ import orjson
 
 from bench.bench_models import DEFAULT_OUT, cpu_model, write_section
 from bench.load import WORKLOADS, Workload, closed_loop, make_bodies
-from models.packing import FlatSequences
-from service import wire
-from service.config import Settings
-from service.runtime import ModelRuntime
-from service.stepping import Piece
-from service.transport import EngineServer, RemoteRuntime
-from service.validation import Limits
+from rnnserve.service.codec import bodies
+from rnnserve.service.config import Settings
+from rnnserve.service.engine.runtime import ModelRuntime
+from rnnserve.service.interface import FlatSequences, Limits, Piece
+from rnnserve.service.ipc.engine_side import EngineServer
+from rnnserve.service.ipc.worker_side import RemoteRuntime
 from tests.e2e.server import Server, start_server, stop
 
 BEGIN = "<!-- bench_workers:begin -->"
@@ -122,16 +121,16 @@ class Stages:
 
 def stage_costs(workload: Workload, runtime: ModelRuntime, quick: bool) -> Stages:
     calls, repeats = (20, 3) if quick else (200, 7)
-    bodies = [b.data for b in make_bodies(workload, 64)]
+    payloads = [b.data for b in make_bodies(workload, 64)]
     served = runtime.get(workload.model)
-    decoded = [wire.decode(b, wire.JSON, workload.field, LIMITS) for b in bodies]
+    decoded = [bodies.decode(b, bodies.JSON, workload.field, LIMITS) for b in payloads]
     assert all(d is not None for d in decoded)
     flats = [d.sequences(served.input_dim, workload.model) for d in decoded if d is not None]
     it = iter(range(10**9))
 
     def parse() -> None:
-        body = bodies[next(it) % len(bodies)]
-        d = wire.decode(body, wire.JSON, workload.field, LIMITS)
+        body = payloads[next(it) % len(payloads)]
+        d = bodies.decode(body, bodies.JSON, workload.field, LIMITS)
         assert d is not None
         d.sequences(served.input_dim, workload.model)
 
@@ -148,7 +147,7 @@ def stage_costs(workload: Workload, runtime: ModelRuntime, quick: bool) -> Stage
 
     def serialise() -> None:
         out = outputs[next(it) % len(outputs)]
-        wire.encode(workload.model, workload.out_field, out, False)
+        bodies.encode(workload.model, workload.out_field, out, False)
 
     transport = asyncio.run(_transport_cost(flats, calls, repeats))
     mb = sum(f.data.nbytes + o.data.nbytes for f, o in zip(flats, outputs, strict=True))
@@ -384,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return runtime
 
     runtime = asyncio.run(load())  # its batchers are never used: _compute runs directly
-    wire.warm_up()
+    bodies.warm_up()
     stages = [stage_costs(WORKLOADS[w], runtime, args.quick) for w in ("smooth", "rollout")]
     per_mb = transport_per_mb(args.quick)
     measured = [m for workers in (1, 2) for m in measure(workers, args.quick)]

@@ -11,9 +11,9 @@ causal, so padded steps never change a real step's output either.
   ``(a, b)`` pairs (``s_t = a_t * s_{t-1} + b_t``; combine ``(a1 * a2, a2 * b1 + b2)``), with
   ``(a_0, b_0) = (0, x_0)`` so that ``s_0 = x_0``;
 - :func:`traveller_rollout_scan`: the Traveller's autoregressive rollout as one ``lax.scan``, the
-  math of ``models.traveller.rollout_packed``: ``z_t = concat(p_{t-1}, u_t)``, LSTM layers with
-  PyTorch's gate order ``i, f, g, o``, ``p_t = tanh(W_out h_top + b_out)``; layer 0's projection
-  of ``u`` is one GEMM over all steps up front, so each step costs one GEMM per layer.
+  math of ``rnnserve.models.traveller.rollout_packed``: ``z_t = concat(p_{t-1}, u_t)``, LSTM layers
+  with PyTorch's gate order ``i, f, g, o``, ``p_t = tanh(W_out h_top + b_out)``; layer 0's
+  projection of ``u`` is one GEMM over all steps up front, so each step costs one GEMM per layer.
 
 Every matrix product asks for ``Precision.HIGHEST``: full fp32, as the PyTorch rows run (on GPUs
 JAX's default would use TF32 and differ from fp32 by ~1e-3).

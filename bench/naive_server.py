@@ -37,9 +37,9 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-import models
-from models.smoothing import LinearRecursion
-from models.traveller import Traveller
+from rnnserve import models
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.models.traveller import Traveller
 from tests.e2e.server import Server, free_port
 
 

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.kernels.rollout_cpu import GEMM_FROM, rollout_packed_numba
-from models.packing import pack
-from models.traveller import Traveller, TravellerConfig, scripted_rollout
+from rnnserve.models.kernels.rollout_cpu import GEMM_FROM, rollout_packed_numba
+from rnnserve.models.packing import pack
+from rnnserve.models.traveller import Traveller, TravellerConfig, scripted_rollout
 
 Weights = tuple[list[Tensor], list[Tensor], Tensor, Tensor]
 

@@ -12,7 +12,7 @@ same for any batch.) Run::
 
 The export step is the command line anyone can run on their own checkpoint::
 
-    python -m models.export --checkpoint gru_encoder.pt --name gru_encoder \\
+    rnnserve export --checkpoint gru_encoder.pt --name gru_encoder \\
         --out-dir my-models --activation l2_normalize
 
 The same encoder can also be served as TorchScript (:class:`PackedGRUEncoder`, the
@@ -20,7 +20,7 @@ packed-sequence signature ``forward(data, batch_sizes)``; TorchScript files are 
 server loads them only with ``RNNSERVE_TRUST_TORCHSCRIPT=true``)::
 
     python examples/gru_encoder.py --out-dir my-models --torchscript
-    # = python -m models.export --torchscript --factory examples.gru_encoder:make_packed \
+    # = rnnserve export --torchscript --factory examples.gru_encoder:make_packed \
     #     --checkpoint gru_encoder.pt --name gru_encoder_ts --out-dir my-models
     RNNSERVE_TRUST_TORCHSCRIPT=true rnnserve --model-dir my-models
 
@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from models import export
+from rnnserve.models import export
 
 
 class GRUEncoder(nn.Module):
@@ -59,7 +59,7 @@ class GRUEncoder(nn.Module):
 
 class PackedGRUEncoder(nn.Module):
     """The same model with rnnserve's TorchScript signature: the rows of a packed batch in,
-    one output row per input row out, in the same packed order (see models.torchscript)."""
+    one output row per input row out, in the same packed order (see rnnserve.models.torchscript)."""
 
     def __init__(self, encoder: GRUEncoder | None = None) -> None:
         super().__init__()
@@ -78,13 +78,13 @@ class PackedGRUEncoder(nn.Module):
 
 
 def make() -> GRUEncoder:
-    """A factory for ``python -m models.export --factory examples.gru_encoder:make``."""
+    """A factory for ``rnnserve export --factory examples.gru_encoder:make``."""
     torch.manual_seed(0)
     return GRUEncoder()
 
 
 def make_packed() -> PackedGRUEncoder:
-    """A factory for ``python -m models.export --torchscript --factory
+    """A factory for ``rnnserve export --torchscript --factory
     examples.gru_encoder:make_packed``: the weights of :func:`make`."""
     return PackedGRUEncoder(make())
 

@@ -2,12 +2,12 @@
 
 A model directory holds one ``<name>.safetensors`` file per model. The file's metadata names the
 model's ``kind`` (``smoother``, ``traveller`` or ``recurrent``: your own LSTM/GRU stack with a
-linear head, see :mod:`models.recurrent` and ``python -m models.export``) and its constructor
-``config`` as JSON; the tensors are the module's ``state_dict`` under the keys SYSTEM.md lists.
-The default models ship inside this package (``models/weights``).
+linear head, see :mod:`rnnserve.models.recurrent` and ``rnnserve export``) and its
+constructor ``config`` as JSON; the tensors are the module's ``state_dict`` under the keys SYSTEM.md
+lists. The default models ship inside this package (``models/weights``).
 
 A model directory may also hold ``<name>.torchscript.pt`` files (kind ``torchscript``, see
-:mod:`models.torchscript`): TorchScript archives are code, so they are loaded only when the
+:mod:`rnnserve.models.torchscript`): TorchScript archives are code, so they are loaded only when the
 caller trusts them (``trust_torchscript=True``); otherwise reading one raises
 :class:`ModelLoadError` without opening it. Pickles (``.pt``, ``.pth``, ...) are never loaded.
 """
@@ -24,11 +24,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models import torchscript
-from models.recurrent import RecurrentConfig, RecurrentModel
-from models.smoothing import LinearRecursion, SmootherConfig
-from models.torchscript import TorchScriptModel
-from models.traveller import RolloutBackend, Traveller, TravellerConfig
+from rnnserve.models import torchscript
+from rnnserve.models.recurrent import RecurrentConfig, RecurrentModel
+from rnnserve.models.smoothing import LinearRecursion, SmootherConfig
+from rnnserve.models.torchscript import TorchScriptModel
+from rnnserve.models.traveller import RolloutBackend, Traveller, TravellerConfig
 
 __all__ = [
     "DEFAULT_MODEL_DIR",
@@ -128,7 +128,7 @@ def save(model: nn.Module, path: str | Path) -> None:
     if isinstance(model, TorchScriptModel):
         raise TypeError(
             "a TorchScript model is code, not a safetensors file: write it with "
-            "python -m models.export --torchscript (models.torchscript.save)"
+            "rnnserve export --torchscript (rnnserve.models.torchscript.save)"
         )
     config = _config(model)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}

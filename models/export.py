@@ -1,4 +1,4 @@
-"""Export your own LSTM/GRU model for rnnserve: ``python -m models.export``.
+"""Export your own LSTM/GRU model for rnnserve: ``rnnserve export``.
 
 Takes a model you trained in PyTorch (an ``nn.LSTM`` or ``nn.GRU`` stack followed by an
 ``nn.Linear`` head, and an output activation), writes ``<out-dir>/<name>.safetensors`` with kind
@@ -29,8 +29,8 @@ The activation is not in the weights: say it with ``--activation`` (none, tanh, 
 l2_normalize; default none).
 
 ``--torchscript`` instead exports any module with the packed-sequence signature of
-:mod:`models.torchscript` (``forward(data [N, F_in], batch_sizes [T]) -> [N, F_out]``), given
-with ``--factory`` (``--checkpoint`` loads its weights first) and ``--input-size`` (or the
+:mod:`rnnserve.models.torchscript` (``forward(data [N, F_in], batch_sizes [T]) -> [N, F_out]``),
+given with ``--factory`` (``--checkpoint`` loads its weights first) and ``--input-size`` (or the
 module's own ``input_size`` attribute): it is scripted with ``torch.jit.script`` (a factory may
 also return a ScriptModule), written as ``<out-dir>/<name>.torchscript.pt`` with its widths in
 the archive's metadata, loaded back as the server loads it, and checked on a packed batch
@@ -54,10 +54,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-import models
-from models import torchscript
-from models.packing import pack, unpack
-from models.recurrent import ACTIVATIONS, CELLS, RecurrentConfig, RecurrentModel, activate
+from rnnserve import models
+from rnnserve.models import torchscript
+from rnnserve.models.packing import pack, unpack
+from rnnserve.models.recurrent import ACTIVATIONS, CELLS, RecurrentConfig, RecurrentModel, activate
 
 RNN_NAMES = ("rnn", "gru", "lstm", "encoder")
 HEAD_NAMES = ("head", "fc", "linear", "dense", "out", "output", "output_layer", "proj")
@@ -481,7 +481,7 @@ def _line(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m models.export",
+        prog="rnnserve export",
         description="Export your own LSTM/GRU + linear head model as <out-dir>/<name>.safetensors "
         "(kind recurrent) and check that it answers like yours.",
     )
@@ -531,10 +531,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = replace(cfg, activation=args.activation)
         path, worst = export(found, cfg, args.name, args.out_dir, args.tolerance)
     except ExportError as exc:
-        print(f"models.export: {where}: {exc}", file=sys.stderr)
+        print(f"rnnserve.models.export: {where}: {exc}", file=sys.stderr)
         return 2
     except CheckFailed as exc:
-        print(f"models.export: check failed: {exc}", file=sys.stderr)
+        print(f"rnnserve.models.export: check failed: {exc}", file=sys.stderr)
         return 1
     print(
         f"wrote {path} (recurrent: {cfg.cell}, {_summary(cfg)}, activation {cfg.activation}); "
@@ -568,10 +568,10 @@ def _main_torchscript(args: argparse.Namespace) -> int:
             user, input_size, args.name, args.out_dir, args.tolerance
         )
     except ExportError as exc:
-        print(f"models.export: {args.factory}: {exc}", file=sys.stderr)
+        print(f"rnnserve.models.export: {args.factory}: {exc}", file=sys.stderr)
         return 2
     except CheckFailed as exc:
-        print(f"models.export: check failed: {exc}", file=sys.stderr)
+        print(f"rnnserve.models.export: check failed: {exc}", file=sys.stderr)
         return 1
     print(
         f"wrote {path} (torchscript: input size {input_size}, output size {width}); answers like "

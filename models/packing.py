@@ -16,9 +16,9 @@ Two ways in and out:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 import numba
 import numpy as np
@@ -46,58 +46,6 @@ def active_fraction(lengths: Sequence[int] | np.ndarray) -> float:
 
 
 # -- flat layout ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class FlatSequences(Sequence[np.ndarray]):
-    """N sequences stored one after another: sequence ``i`` is ``data[starts[i]:ends[i]]``.
-
-    ``data`` is ``[sum T_i, F]``, ``lengths`` ``[N]`` int64 (each >= 1). It is also a read-only
-    sequence of the N ``[T_i, F]`` views, so it goes wherever a list of arrays went.
-    """
-
-    data: np.ndarray  # [sum T_i, F]
-    lengths: np.ndarray  # [N] int64
-
-    def __post_init__(self) -> None:
-        if self.lengths.ndim != 1 or int(self.lengths.sum()) != len(self.data):
-            raise ValueError(
-                f"lengths {self.lengths.shape} do not add up to the {len(self.data)} rows of data"
-            )
-
-    @classmethod
-    def from_arrays(cls, arrays: Sequence[np.ndarray], width: int | None = None) -> FlatSequences:
-        """Concatenate ``[T_i, F]`` arrays (one copy). ``width`` is F when ``arrays`` is empty."""
-        lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-        if not arrays:
-            return cls(np.empty((0, width or 0), np.float32), lengths)
-        return cls(np.concatenate(arrays, axis=0), lengths)
-
-    @property
-    def total(self) -> int:
-        """Rows in all: ``sum T_i``."""
-        return len(self.data)
-
-    @property
-    def ends(self) -> np.ndarray:
-        return np.cumsum(self.lengths)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    @overload
-    def __getitem__(self, i: int) -> np.ndarray: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
-    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
-        views = self._views()
-        return views[i]
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return iter(self._views())
-
-    def _views(self) -> list[np.ndarray]:
-        return np.split(self.data, self.ends[:-1].tolist()) if len(self) else []
 
 
 @dataclass(frozen=True)

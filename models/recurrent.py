@@ -6,8 +6,9 @@ num_layers)``, ``head = nn.Linear(hidden_size, head_size)``, then per step one o
 ``tanh``, ``sigmoid`` or ``l2_normalize`` (``y / ||y||_2`` over the step's ``head_size`` outputs,
 as seed 003 divides each output step by its L2 norm). Its ``state_dict`` keys are
 ``rnn.weight_ih_l0``, ..., ``head.weight``, ``head.bias``: exactly those of ``nn.GRU`` /
-``nn.LSTM`` and ``nn.Linear`` under the names ``rnn`` and ``head``. ``python -m models.export``
-maps a user's own names (``gru``, ``lstm``, ``fc``, ``dense``, ...) to these.
+``nn.LSTM`` and ``nn.Linear`` under the names ``rnn`` and ``head``. ``python -m
+rnnserve.models.export`` maps a user's own names (``gru``, ``lstm``, ``fc``, ``dense``, ...) to
+these.
 
 ``forward`` takes one :class:`PackedSequence` of all the batch's sequences: the whole stack runs
 in one call (cuDNN on CUDA, oneDNN/ATen on the CPU), the head and the activation run on the
@@ -104,7 +105,7 @@ class RecurrentModel(nn.Module):
         if not isinstance(x, PackedSequence):
             raise TypeError(
                 f"RecurrentModel takes a PackedSequence, not {type(x).__name__}; pack the "
-                "sequences with models.packing.pack"
+                "sequences with rnnserve.models.packing.pack"
             )
         hidden, _ = self.rnn(x)  # one call for the whole stack; hidden.data [sum T_i, hidden]
         y = activate(self.head(hidden.data), self.config.activation)  # [sum T_i, head_size]

@@ -18,14 +18,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from models.kernels import (
+from rnnserve.models.kernels import (
     ema_packed_numba,
     ema_packed_torch,
     last_step_rows,
     numba_available,
     triton_available,
 )
-from models.kernels.smoother_cpu import smooth_flat_numba
+from rnnserve.models.kernels.smoother_cpu import smooth_flat_numba
 
 Kernel = Literal["auto", "numba", "torch", "triton"]
 
@@ -131,7 +131,7 @@ class LinearRecursion(nn.Module):
         probe = self.alpha_smooth.detach()
         if self._pick_kernel(probe, None) != "triton" or probe.device.type != "cuda":
             return 0
-        from models.kernels.smoother_triton import warm_up
+        from rnnserve.models.kernels.smoother_triton import warm_up
 
         return warm_up(
             self.feat_dim,
@@ -181,6 +181,6 @@ class LinearRecursion(nn.Module):
         self, data: Tensor, batch_sizes: Tensor, init: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         # imported here: triton is optional, and importing it takes a while
-        from models.kernels.smoother_triton import smooth_packed_triton
+        from rnnserve.models.kernels.smoother_triton import smooth_packed_triton
 
         return smooth_packed_triton(data, batch_sizes, self.alpha_smooth, self.wx, init)

@@ -23,13 +23,13 @@ from a pickle ``.pt``, which is always refused). The stated signature::
 
 Rows of different sequences must not mix (each output row depends only on its own sequence's
 rows up to that step): the server batches many clients' sequences together. ``python -m
-models.export --torchscript`` checks this by comparing the exported file on a packed batch with
-the original module called on each sequence alone.
+rnnserve.models.export --torchscript`` checks this by comparing the exported file on a packed batch
+with the original module called on each sequence alone.
 
 ``F_in`` comes from the archive's metadata (``extra/rnnserve.json``, written by
-``python -m models.export --torchscript``: ``{"input_size": F_in, "output_size": F_out}``) or a
-sidecar ``<name>.torchscript.json`` holding the same; ``F_out`` is also found by a probe call at
-load time, which must agree with it when it is given. A module whose ``forward`` does not take
+``rnnserve export --torchscript``: ``{"input_size": F_in, "output_size": F_out}``)
+or a sidecar ``<name>.torchscript.json`` holding the same; ``F_out`` is also found by a probe call
+at load time, which must agree with it when it is given. A module whose ``forward`` does not take
 two tensors, or whose answer to the probe is not ``[N, F_out]``, is refused at load time.
 """
 
@@ -162,7 +162,7 @@ def load(path: Path, device: torch.device | str = "cpu") -> TorchScriptModel:
     input_size = meta.get("input_size")
     if input_size is None:
         raise TorchScriptError(
-            f"no input width: write the file with python -m models.export --torchscript, or put "
+            f"no input width: write the file with rnnserve export --torchscript, or put "
             f'{{"input_size": F_in}} in {path.with_name(name_of(path) + SIDECAR)}'
         )
     try:

@@ -141,7 +141,7 @@ def scripted_rollout() -> RolloutFn:
 
 def _triton_rollout_imports() -> bool:
     try:
-        import models.kernels.rollout_triton  # noqa: F401
+        import rnnserve.models.kernels.rollout_triton  # noqa: F401
     except ImportError:
         return False
     return True
@@ -152,8 +152,9 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
 
     - ``"torchscript"``: :func:`rollout_packed` compiled by TorchScript (any device);
     - ``"eager"``: :func:`rollout_packed` as plain PyTorch (any device);
-    - ``"numba"``: one compiled CPU loop with fused gates (:mod:`models.kernels.rollout_cpu`);
-    - ``"triton"``: fused Triton step kernels, CUDA (:mod:`models.kernels.rollout_triton`);
+    - ``"numba"``: one compiled CPU loop with fused gates
+    (:mod:`rnnserve.models.kernels.rollout_cpu`);
+    - ``"triton"``: fused Triton step kernels, CUDA (:mod:`rnnserve.models.kernels.rollout_triton`);
     - ``"auto"``: the fastest measured for the device (docs/BENCHMARKS.md); on CUDA devices
       ``"triton"`` when triton imports, else ``"torchscript"``.
     """
@@ -161,7 +162,7 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
         # The numba loop beat TorchScript on one core at B=1 and at B=64 (by 3-5x and ~2x,
         # bench/rollout_cpu_probe.py); TorchScript stays the CPU choice where numba is missing.
         try:
-            import models.kernels.rollout_cpu  # noqa: F401
+            import rnnserve.models.kernels.rollout_cpu  # noqa: F401
         except ImportError:
             backend = "torchscript"
         else:
@@ -173,12 +174,12 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
     if backend == "eager":
         return rollout_packed, backend
     if backend == "numba":
-        from models.kernels.rollout_cpu import compile_for, rollout_packed_numba
+        from rnnserve.models.kernels.rollout_cpu import compile_for, rollout_packed_numba
 
         compile_for(torch.float32)  # JIT here, at load, not in the first request (seconds)
         return rollout_packed_numba, backend
     if backend == "triton":
-        from models.kernels.rollout_triton import check_device, rollout_packed_triton
+        from rnnserve.models.kernels.rollout_triton import check_device, rollout_packed_triton
 
         check_device(device)
         return rollout_packed_triton, backend

@@ -1,24 +1,13 @@
-"""rnnserve's Python client: ``from rnnserve.client import Client``.
+"""rnnserve: ``from rnnserve.client import Client`` for the Python client.
 
-The server itself lives in the ``service`` and ``models`` packages; this package only holds the
-client, which needs numpy, httpx and orjson (torch only when you pass it torch tensors).
+The server installs beside it as :mod:`rnnserve.service` (HTTP, engine, IPC, codec) and
+:mod:`rnnserve.models` (PyTorch models, kernels, weights). The client's names are imported on
+first use, so that importing the server does not import the client (httpx) too.
 """
 
-from rnnserve.client import (
-    AsyncClient,
-    AsyncRolloutStream,
-    BadRequest,
-    Client,
-    ConnectionFailed,
-    DeadlineExceeded,
-    ModelInfo,
-    ModelNotFound,
-    Overloaded,
-    ProtocolError,
-    RnnserveError,
-    RolloutStream,
-    ServerError,
-)
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "AsyncClient",
@@ -35,3 +24,11 @@ __all__ = [
     "RolloutStream",
     "ServerError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from rnnserve import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'rnnserve' has no attribute {name!r}")

@@ -1,9 +1,10 @@
-"""Check service.jsonwrite's float32 text against orjson's for every float32 bit pattern.
+"""Check rnnserve.service.codec.json_writer's float32 text against orjson's for every float32 bit
+pattern.
 
 For each chunk of 2**20 consecutive bit patterns (all 2**32 by default: the finite ones, and
 the NaNs and infinities, which both write as ``null``), ``orjson.dumps(chunk,
-option=OPT_SERIALIZE_NUMPY)`` must equal ``service.jsonwrite.floats_json(chunk)`` byte for
-byte; a chunk that differs is searched for its first differing value, which is printed.
+option=OPT_SERIALIZE_NUMPY)`` must equal ``rnnserve.service.codec.json_writer.floats_json(chunk)``
+byte for byte; a chunk that differs is searched for its first differing value, which is printed.
 
     python scripts/check_jsonwrite.py [--chunks N] [--stride S]
     python scripts/check_jsonwrite.py --bench
@@ -12,10 +13,10 @@ byte; a chunk that differs is searched for its first differing value, which is p
 run takes about 180 s of CPU time in one process (3 to 11 minutes on the shared development
 machine); run it niced. Result there, orjson 3.13.0: all 2**32 patterns, no mismatch.
 
-``--bench`` times service.wire's orjson call and :func:`service.jsonwrite.sequences_json` on
-the same bodies (the typical response, one sequence of 280 steps x 16 tanh outputs, and 64
-sequences of 1000 steps x 16), interleaved, and prints the medians: wall clock, and the
-thread's CPU time (steadier on a shared machine).
+``--bench`` times rnnserve.service.codec.bodies's orjson call and
+:func:`rnnserve.service.codec.json_writer.sequences_json` on the same bodies (the typical response,
+one sequence of 280 steps x 16 tanh outputs, and 64 sequences of 1000 steps x 16), interleaved, and
+prints the medians: wall clock, and the thread's CPU time (steadier on a shared machine).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 import numpy as np
 import orjson
 
-from service.jsonwrite import floats_json
+from rnnserve.service.codec.json_writer import floats_json
 
 CHUNK = 1 << 20
 
@@ -46,8 +47,8 @@ def first_mismatch(values: np.ndarray) -> int:
 
 
 def bench() -> None:
-    from models.packing import FlatSequences
-    from service.jsonwrite import sequences_json
+    from rnnserve.service.codec.json_writer import sequences_json
+    from rnnserve.service.interface import FlatSequences
 
     rng = np.random.default_rng(0)
     for n_seq, steps, reps in ((1, 280, 400), (64, 1000, 4)):

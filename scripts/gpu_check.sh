@@ -20,7 +20,7 @@
 #
 # Steps (each with its own timeout; a failing step does not stop the others; exit status 1 if
 # any failed):
-#   1. python -m pytest -q tests/gpu tests/unit/test_rollout_backends.py
+#   1. python -m pytest -q tests/gpu tests/unit/models/test_rollout_backends.py
 #   2. python -m bench.bench_models --device cuda   (JAX rows each in a process of their own)
 #   3. python -m bench.bench_tiles --device cuda --budget-s 100   (candidate tiles of the Triton
 #      kernels, the data to choose their defaults by), then the smoother's look-back scan alone
@@ -173,7 +173,7 @@ step() { # step NAME TIMEOUT_S LOG CMD...: run CMD under a timeout, output to LO
 rm -f "$out"/bench_models.md "$out"/bench_tiles.md "$out"/bench_tiles_lookback.md \
   "$out"/bench_e2e.md
 step "tests" 150 "$out/pytest.txt" \
-  "$py" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_rollout_backends.py
+  "$py" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/models/test_rollout_backends.py
 step "kernel benchmark" 240 "$out/bench_models.log" \
   "$py" -m bench.bench_models "${bench_args[@]}" --out "$out/bench_models.md"
 if [ ! -s "$out/bench_models.md" ]; then

@@ -2,8 +2,8 @@
 
 ``scripts/gpu_wheels.sh`` downloads wheels for these and ``scripts/gpu_check.sh`` installs them:
 rnnserve's runtime dependencies from pyproject.toml except torch, plus the test and benchmark
-tools that ``tests/gpu``, ``tests/unit/test_rollout_backends.py`` and the end-to-end benchmark
-import (pytest and hypothesis included, in case the host lacks them).
+tools that ``tests/gpu``, ``tests/unit/models/test_rollout_backends.py`` and the end-to-end
+benchmark import (pytest and hypothesis included, in case the host lacks them).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-import models
-from models.smoothing import LinearRecursion
-from models.traveller import Traveller
+from rnnserve import models
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.models.traveller import Traveller
 
 SEED = 20261130
 

@@ -3,7 +3,7 @@
 #
 #   scripts/mutation.sh                       # the core: batching, validation, scheduler, wire,
 #                                             # routes, packing, loader
-#   scripts/mutation.sh service/batching.py   # one or more modules (paths under models/ or service/)
+#   scripts/mutation.sh service/engine/batcher.py   # one or more modules (paths under models/ or service/)
 #   scripts/mutation.sh all                   # the core, then smoothing, traveller and the kernels
 #
 # Each module runs in its own copy of the working tree, .mutation/<module>/ (git-ignored), against
@@ -29,8 +29,8 @@ in_background() {  # "$@" in its own niced session; stopped with this script (Ct
   trap - INT TERM
   return "$rc"
 }
-CORE=(service/batching.py service/validation.py service/scheduler.py service/wire.py
-      service/routes.py models/packing.py models/__init__.py)
+CORE=(service/engine/batcher.py service/http/validation.py service/engine/continuous.py service/codec/bodies.py
+      service/http/routes.py models/packing.py models/__init__.py)
 # models/kernels/numba_math.py and models/kernels/__init__.py are left out: every function of the
 # first is compiled by numba (through `overload`) or run by numba while it compiles, and the
 # second's only function is decorated (functools.cache), which mutmut does not mutate.
@@ -43,40 +43,40 @@ LATER=(models/smoothing.py models/traveller.py models/kernels/smoother_cpu.py
 # mutated function.
 tests_for() {
   case "$1" in
-    service/batching.py) echo tests/unit/test_batcher.py tests/unit/test_reliability.py ;;
-    service/validation.py) echo tests/unit/test_validation.py ;;
-    service/scheduler.py) echo tests/unit/test_scheduler.py tests/unit/test_reliability.py ;;
+    service/engine/batcher.py) echo tests/unit/engine/test_dynamic_batcher.py tests/unit/engine/test_fault_isolation.py ;;
+    service/http/validation.py) echo tests/unit/http/test_validation.py ;;
+    service/engine/continuous.py) echo tests/unit/engine/test_continuous_batcher.py tests/unit/engine/test_fault_isolation.py ;;
     # test_validation.py never reaches wire.py; test_binary.py posts safetensors bodies
-    service/wire.py) echo tests/unit/test_wire.py tests/unit/test_wire_mutation.py \
-                          tests/unit/test_finite_check.py tests/integration/test_binary.py ;;
+    service/codec/bodies.py) echo tests/unit/codec/test_json_reader.py tests/unit/codec/test_safetensors_reader.py \
+                          tests/unit/http/test_finite_check.py tests/integration/test_binary.py ;;
     # the API and binary tests, then the ones written against routes.py's survivors, the body
     # reader, streaming (_ndjson; test_ndjson.py drives it directly), the fast path
     # (serve_inference), reliability (error_response, _overloaded, deadlines, disconnects), and
     # models of other kinds (/models/{name}/infer)
-    service/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py \
-                            tests/integration/test_routes_mutation.py tests/unit/test_read_body.py \
+    service/http/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py \
+                            tests/integration/test_route_helpers.py tests/unit/http/test_read_body.py \
                             tests/integration/test_streaming.py tests/integration/test_fast_path.py \
-                            tests/unit/test_reliability.py tests/integration/test_reliability.py \
-                            tests/unit/test_ndjson.py tests/integration/test_own_models.py ;;
-    service/jsonwrite.py) echo tests/unit/test_jsonwrite.py ;;
+                            tests/unit/engine/test_fault_isolation.py tests/integration/test_reliability.py \
+                            tests/unit/http/test_ndjson.py tests/integration/test_own_models.py ;;
+    service/codec/json_writer.py) echo tests/unit/codec/test_json_writer.py ;;
     # uvicorn's protocol with the header timeout, the JSON 503 and bodies read ahead, under a
     # real uvicorn on a thread
-    service/protocol.py) echo tests/integration/test_protocol.py ;;
-    models/packing.py) echo tests/unit/test_packing.py tests/unit/test_smoothing.py \
-                            tests/unit/test_traveller.py ;;
-    models/__init__.py) echo tests/unit/test_loader.py tests/unit/test_torchscript.py ;;
-    models/smoothing.py) echo tests/unit/test_smoothing.py tests/unit/test_smoother_triton.py \
-                              tests/unit/test_smoothing_mutation.py ;;
-    models/traveller.py) echo tests/unit/test_traveller.py tests/unit/test_rollout_backends.py \
-                              tests/unit/test_traveller_mutation.py ;;
+    service/http/protocol.py) echo tests/integration/test_protocol.py ;;
+    models/packing.py) echo tests/unit/models/test_packing.py tests/unit/models/test_smoothing.py \
+                            tests/unit/models/test_traveller.py ;;
+    models/__init__.py) echo tests/unit/models/test_loader.py tests/unit/models/test_torchscript.py ;;
+    models/smoothing.py) echo tests/unit/models/test_smoothing.py tests/unit/models/kernels/test_smoother_triton.py \
+                              tests/unit/models/test_smoother_kernel_choice.py ;;
+    models/traveller.py) echo tests/unit/models/test_traveller.py tests/unit/models/test_rollout_backends.py \
+                              tests/unit/models/test_traveller_backends_and_state.py ;;
     # one subset per kernel file: the triton ones run under TRITON_INTERPRET=1 (seconds a test)
-    models/kernels/smoother_cpu.py) echo tests/unit/test_smoothing.py \
-                                         tests/unit/test_smoothing_mutation.py ;;
-    models/kernels/rollout_cpu.py) echo tests/unit/test_rollout_cpu.py tests/unit/test_kernels_mutation.py ;;
-    models/kernels/smoother_triton.py) echo tests/unit/test_smoother_triton.py \
-                                            tests/unit/test_triton_edges.py ;;
-    models/kernels/rollout_triton.py) echo tests/unit/test_rollout_triton.py \
-                                           tests/unit/test_triton_edges.py ;;
+    models/kernels/smoother_cpu.py) echo tests/unit/models/test_smoothing.py \
+                                         tests/unit/models/test_smoother_kernel_choice.py ;;
+    models/kernels/rollout_cpu.py) echo tests/unit/models/kernels/test_rollout_cpu.py tests/unit/models/kernels/test_kernel_host_code.py ;;
+    models/kernels/smoother_triton.py) echo tests/unit/models/kernels/test_smoother_triton.py \
+                                            tests/unit/models/kernels/test_triton_edges.py ;;
+    models/kernels/rollout_triton.py) echo tests/unit/models/kernels/test_rollout_triton.py \
+                                           tests/unit/models/kernels/test_triton_edges.py ;;
     *) echo "no test subset for $1: add it to tests_for in $0" >&2; return 1 ;;
   esac
 }
@@ -86,7 +86,7 @@ tests_for() {
 # that mutmut does not measure.
 setup_seconds_for() {
   case "$1" in
-    service/batching.py | service/validation.py | service/scheduler.py) echo 2 ;;
+    service/engine/batcher.py | service/http/validation.py | service/engine/continuous.py) echo 2 ;;
     *) echo 20 ;;
   esac
 }

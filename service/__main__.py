@@ -1,3 +1,3 @@
-from service.cli import main
+from rnnserve.service.cli import main
 
 main()

@@ -2,12 +2,12 @@
 
 With ``--workers 1`` (the default) one process serves HTTP and runs the models. With
 ``--workers N`` (N >= 2) this process supervises: it starts the engine process (the models,
-:mod:`service.engine`), waits until the models are warm, then runs N uvicorn HTTP workers
-(:func:`service.app.create_worker_app`) that reach the engine over a Unix socket; the socket
-and the Prometheus multiprocess folder live in a private temporary folder (mode 0700), removed
-at exit. SIGTERM: uvicorn stops the workers, which finish their requests first; then the engine
-drains and exits. If the engine dies, the workers answer 503 and the server shuts down with
-exit status 1, for the orchestrator to restart it.
+:mod:`rnnserve.service.engine.process`), waits until the models are warm, then runs N uvicorn HTTP
+workers (:func:`rnnserve.service.http.app.create_worker_app`) that reach the engine over a Unix
+socket; the socket and the Prometheus multiprocess folder live in a private temporary folder (mode
+0700), removed at exit. SIGTERM: uvicorn stops the workers, which finish their requests first; then
+the engine drains and exits. If the engine dies, the workers answer 503 and the server shuts down
+with exit status 1, for the orchestrator to restart it.
 """
 
 from __future__ import annotations
@@ -31,19 +31,26 @@ import uvicorn
 from pydantic import SecretStr, ValidationError
 from pydantic_settings import CliSettingsSource
 
-import models
-from service import engine
-from service.app import ENGINE_SOCKET_ENV, create_app
-from service.config import Settings, package_version, unknown_environment
-from service.logs import configure_logging, settings_line
-from service.protocol import HeaderTimeoutProtocol
-from service.runtime import StartupError, preflight
+from rnnserve import models
+from rnnserve.service.config import Settings, package_version, unknown_environment
+from rnnserve.service.engine import process
+from rnnserve.service.engine.runtime import StartupError, preflight
+from rnnserve.service.http.app import ENGINE_SOCKET_ENV, create_app
+from rnnserve.service.http.protocol import HeaderTimeoutProtocol
+from rnnserve.service.logs import configure_logging, settings_line
 
 log = logging.getLogger("rnnserve")
 
 
+# ``rnnserve <command> ...``: the user's tools, as subcommands so that they run from any folder
+# (``python -m models.export`` would find the user's own ``models`` package first)
+COMMANDS = {"export": "export your own LSTM/GRU or TorchScript model for rnnserve"}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in COMMANDS:
+        sys.exit(run_command(args[0], args[1:]))
     try:
         settings = parse_settings(args)
     except ValidationError as exc:
@@ -70,6 +77,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         http=HeaderTimeoutProtocol,
         limit_concurrency=settings.limit_concurrency,
     )
+
+
+def run_command(name: str, args: list[str]) -> int:
+    """Run the subcommand ``name`` (a key of :data:`COMMANDS`); its exit status."""
+    if name == "export":
+        from rnnserve.models import export
+
+        return export.main(args)
+    raise KeyError(name)
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -149,7 +165,7 @@ def _supervise(settings: Settings, socket_path: str) -> int:
     spawn = multiprocessing.get_context("spawn")
     ready_recv, ready_send = spawn.Pipe(duplex=False)
     proc = spawn.Process(
-        target=engine.run, args=(settings, socket_path, ready_send), name="rnnserve-engine"
+        target=process.run, args=(settings, socket_path, ready_send), name="rnnserve-engine"
     )
     proc.start()
     ready_send.close()
@@ -175,7 +191,7 @@ def _supervise(settings: Settings, socket_path: str) -> int:
     threading.Thread(target=watch_engine, name="rnnserve-engine-watch", daemon=True).start()
     try:
         uvicorn.run(
-            "service.app:create_worker_app",
+            "rnnserve.service.http.app:create_worker_app",
             factory=True,
             workers=settings.workers,
             host=settings.host,

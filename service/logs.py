@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from service.config import Settings
+from rnnserve.service.config import Settings
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -40,7 +40,7 @@ def model_line(name: str, info: Mapping[str, Any]) -> str:
     config = info.get("config") or {}
     backend = config.get("rollout_backend") if isinstance(config, Mapping) else None
     if backend is None and kind == "smoother":
-        from models.kernels import numba_available, triton_available
+        from rnnserve.models.kernels import numba_available, triton_available
 
         if device.startswith("cpu"):
             backend = "numba" if numba_available() else "torch"

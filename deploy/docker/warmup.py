@@ -16,8 +16,8 @@ import asyncio
 import importlib
 import time
 
-from service.config import Settings
-from service.runtime import ModelRuntime
+from rnnserve.service.config import Settings
+from rnnserve.service.engine.runtime import ModelRuntime
 
 
 async def warm() -> list[str]:
@@ -32,7 +32,7 @@ async def warm() -> list[str]:
 def main() -> None:
     started = time.perf_counter()
     # The request decoder's numba kernels compile at import (cached to NUMBA_CACHE_DIR).
-    importlib.import_module("service.routes")
+    importlib.import_module("rnnserve.service.http.routes")
     names = asyncio.run(warm())
     print(f"warmed {', '.join(names)} in {time.perf_counter() - started:.1f} s")
 

@@ -1,14 +1,14 @@
 """Compute kernels for the models, one file per kernel family.
 
-- :mod:`models.kernels.smoother_cpu`: the smoother's recursion on packed rows (a numba loop for
-  CPU inference; a differentiable torch step loop that runs anywhere);
-- :mod:`models.kernels.smoother_triton`: the smoother as a chunked parallel scan in Triton (GPU),
-  forward and backward;
-- :mod:`models.kernels.rollout_cpu`: the Traveller's rollout as one compiled CPU loop;
-- :mod:`models.kernels.rollout_triton`: the Traveller's rollout as fused Triton step kernels.
+- :mod:`.smoother_cpu`: the smoother's recursion on packed rows (a numba loop for CPU inference;
+  a differentiable torch step loop that runs anywhere);
+- :mod:`.smoother_triton`: the smoother as a chunked parallel scan in Triton (GPU), forward and
+  backward;
+- :mod:`.rollout_cpu`: the Traveller's rollout as one compiled CPU loop;
+- :mod:`.rollout_triton`: the Traveller's rollout as fused Triton step kernels.
 
 Model classes pick among them; the loader compiles and captures. Kernels that need an optional
-package (triton) import it lazily, so ``import models`` works without it.
+package (triton) import it lazily, so importing the models works without it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 
-from models.kernels.smoother_cpu import (
+from rnnserve.models.kernels.smoother_cpu import (
     ema_packed_numba,
     ema_packed_torch,
     last_step_rows,

@@ -1,9 +1,10 @@
 """The Traveller's rollout as one compiled CPU loop (numba, ``nogil``), with fused LSTM gates.
 
-:func:`rollout_packed_numba` has exactly the semantics of :func:`models.traveller.rollout_packed`
-(same arguments, same weight layout, same results); the whole time loop runs in one numba call
-that releases the GIL, so it runs in the service's worker thread without holding up the event
-loop. A layer's gates ``[b, 4H] = z[:b] @ W`` come, per step, from one of two places, chosen by
+:func:`rollout_packed_numba` has exactly the semantics of
+:func:`rnnserve.models.traveller.rollout_packed` (same arguments, same weight layout, same results);
+the whole time loop runs in one numba call that releases the GIL, so it runs in the service's worker
+thread without holding up the event loop. A layer's gates ``[b, 4H] = z[:b] @ W`` come, per step,
+from one of two places, chosen by
 the number of active rows ``b`` (measured on one core, bench/rollout_cpu_probe.py):
 
 - one row (``b < GEMM_FROM``): a hand-written matrix-vector loop. Eight weight rows at a time
@@ -44,9 +45,9 @@ from torch import Tensor
 try:  # numba is a runtime dependency; without it this module cannot be imported.
     import numba
 except ImportError as exc:  # pragma: no cover - exercised only where numba is missing
-    raise ImportError("models.kernels.rollout_cpu needs numba") from exc
+    raise ImportError("rnnserve.models.kernels.rollout_cpu needs numba") from exc
 
-from models.kernels.numba_math import fast_sigmoid, fast_tanh
+from rnnserve.models.kernels.numba_math import fast_sigmoid, fast_tanh
 
 # From this many active rows on, a step's gates come from BLAS gemm; below it, from the
 # hand-written loop. On one core of an AVX-512 Xeon, MKL's gemm already wins at 2 rows and
@@ -334,7 +335,8 @@ def rollout_packed_numba(
     *,
     gemm_from: int | None = None,  # BLAS from this many active rows on; None: GEMM_FROM
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`models.traveller.rollout_packed` as one compiled CPU loop (float32 or float64).
+    """:func:`rnnserve.models.traveller.rollout_packed` as one compiled CPU loop (float32 or
+    float64).
 
     Returns the ``[N, 2]`` packed positions and the final state ``(h_T, c_T, p_T)``, each
     sequence's state after its own last step. CPU tensors only; not differentiable.

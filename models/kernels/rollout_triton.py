@@ -1,7 +1,7 @@
 """The Traveller's rollout as fused Triton step kernels, replayed as CUDA graphs.
 
-Same contract as :func:`models.traveller.rollout_packed` (weight layout, packed time-major rows,
-resumable state); see :func:`rollout_packed_triton`.
+Same contract as :func:`rnnserve.models.traveller.rollout_packed` (weight layout, packed time-major
+rows, resumable state); see :func:`rollout_packed_triton`.
 
 Kernels. One launch per layer per step. A program owns ``BLOCK_B`` batch rows x ``BLOCK_H``
 hidden units: it forms the four gate pre-activations of its units from the whole input row
@@ -47,7 +47,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra import cuda as tl_cuda
 
-from models.kernels import triton_interpreting
+from rnnserve.models.kernels import triton_interpreting
 
 __all__ = [
     "KernelConfig",
@@ -408,7 +408,8 @@ def _interpreting() -> bool:
 
 
 class TritonRollout:
-    """A callable with :func:`models.traveller.rollout_packed`'s signature, on Triton kernels.
+    """A callable with :func:`rnnserve.models.traveller.rollout_packed`'s signature, on Triton
+    kernels.
 
     ``max_chunk``: the most steps one CUDA graph holds (a power of two); ``graphs``: replay
     CUDA graphs (default: on CUDA devices) or launch every kernel from Python (the CPU path, and a
@@ -727,7 +728,7 @@ def rollout_packed_triton(
     c0: Tensor | None = None,
     p0: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`models.traveller.rollout_packed` on Triton kernels (one shared graph cache).
+    """:func:`rnnserve.models.traveller.rollout_packed` on Triton kernels (one shared graph cache).
 
     Returns the ``[N, 2]`` packed positions and each sequence's final ``(h, c, p)``.
     """

@@ -28,7 +28,7 @@ from torch import Tensor
 try:  # numba is a runtime dependency, but keep the torch path usable without it.
     import numba
 
-    from models.kernels.numba_math import fast_tanh
+    from rnnserve.models.kernels.numba_math import fast_tanh
 
     _HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised only where numba is missing

@@ -42,7 +42,7 @@ recomputation in time order. :func:`_bwd_chunk_summary` summarises each chunk's 
 carry, writes ``dx`` and per-(chunk, column) partial sums for ``alpha`` and ``wx`` that torch
 reduces.
 
-Importing this module imports triton; :mod:`models.smoothing` does so lazily. Under
+Importing this module imports triton; :mod:`rnnserve.models.smoothing` does so lazily. Under
 ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (that is how CI tests them).
 """
 
@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from models.kernels import triton_interpreting
+from rnnserve.models.kernels import triton_interpreting
 
 __all__ = [
     "DEFAULT_SCAN",

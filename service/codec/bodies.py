@@ -1,7 +1,7 @@
 """Request and response bodies <-> float32 arrays, for JSON and the safetensors binary format.
 
-A request's sequences arrive as one :class:`~models.packing.FlatSequences`: a ``[sum T_i, F]``
-float32 array and the lengths. No Python object is made per number.
+A request's sequences arrive as one :class:`~rnnserve.models.packing.FlatSequences`: a ``[sum T_i,
+F]`` float32 array and the lengths. No Python object is made per number.
 
 JSON (the default) has a fast path: a compiled scanner over the body bytes that accepts only
 the happy path, ``{"<field>": [[[num, ...], ...], ...], "model": "<plain string>" | null}`` in
@@ -12,8 +12,8 @@ path, then Eisel-Lemire; numbers of more than 19 significant digits go through `
 itself) and cast to float32 as ``np.array(..., dtype=np.float32)`` does. Anything else (unknown or
 duplicate keys, escapes, a string or ``null`` where a number belongs, ragged widths, empty
 lists, invalid JSON, numbers near or past float64's range) makes :func:`decode` return
-``None``, and the caller takes the precise path (:mod:`service.validation`), which says what
-is wrong and where. So the fast path changes speed, never answers.
+``None``, and the caller takes the precise path (:mod:`rnnserve.service.http.validation`), which
+says what is wrong and where. So the fast path changes speed, never answers.
 
 The binary format is a safetensors file (``Content-Type: application/x-safetensors``) with
 tensors ``<field>`` float32 ``[sum T_i, F]`` and ``lengths`` int64 ``[N]`` and optional
@@ -31,10 +31,9 @@ import numba
 import numpy as np
 import orjson
 
-from models.packing import FlatSequences
-from service import jsonwrite
-from service.intrinsics import load8, trailing_zeros
-from service.validation import Limits, RequestError
+from rnnserve.service.codec import json_writer
+from rnnserve.service.codec.intrinsics import load8, trailing_zeros
+from rnnserve.service.interface import FlatSequences, Limits, RequestError
 
 SAFETENSORS = "application/x-safetensors"
 JSON = "application/json"
@@ -816,7 +815,7 @@ def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
 def _check_limits(
     n_seq: int, too_long: tuple[int, int], total: int, field: str, limits: Limits
 ) -> None:
-    # the same checks, order and messages as service.validation.to_arrays
+    # the same checks, order and messages as rnnserve.service.http.validation.to_arrays
     if n_seq > limits.max_sequences:
         raise RequestError(
             413, "too_many_sequences",
@@ -1031,17 +1030,17 @@ def encode(
     view: bool = False,
 ) -> bytes | memoryview:
     """The response body: safetensors when ``binary``, else JSON written from the buffers (with
-    ``view``, a large one as a view of its own buffer: jsonwrite.sequences_json)."""
+    ``view``, a large one as a view of its own buffer: json_writer.sequences_json)."""
     if binary:
         return b"".join(encode_parts(model, out_field, outputs))
     flat = outputs if isinstance(outputs, FlatSequences) else FlatSequences.from_arrays(outputs)
-    return jsonwrite.sequences_json(model, out_field, flat.data, flat.lengths, view=view)
+    return json_writer.sequences_json(model, out_field, flat.data, flat.lengths, view=view)
 
 
 def warm_up() -> None:
     """Compile the JSON scanner and writer (seconds, once per process; then numba's cache)
     before the first request needs them."""
-    jsonwrite.warm_up()
+    json_writer.warm_up()
     limits = Limits(max_sequences=4, max_sequence_length=4, max_timesteps=16)
     for body in (b'{"sequences": [[[1.5, -2e-3], [0, 1]]], "model": "m"}', b'{"inputs": [[[1]]]}'):
         field = "sequences" if b"sequences" in body else "inputs"

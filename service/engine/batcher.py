@@ -21,35 +21,22 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
+
+from rnnserve.service.interface import (
+    REQUEST_ID,
+    BatcherClosed,
+    BatcherError,
+    QueueFull,
+    is_out_of_memory,
+    mark_logged,
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 log = logging.getLogger(__name__)
-
-# The id of the request being served (set by the HTTP layer); items remember it when submitted.
-REQUEST_ID: ContextVar[str | None] = ContextVar("rnnserve_request_id", default=None)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """``torch.cuda.OutOfMemoryError``, ``MemoryError`` or any error that says "out of memory"
-    (without importing torch: this layer knows nothing about models)."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    return "out of memory" in str(exc).lower()
-
-
-def mark_logged(exc: BaseException) -> None:
-    """Note that ``exc`` was logged with its request ids (callers need not log it again)."""
-    with contextlib.suppress(AttributeError):  # an exception without a __dict__
-        exc.rnnserve_logged = True  # type: ignore[attr-defined]
-
-
-def was_logged(exc: BaseException) -> bool:
-    return bool(getattr(exc, "rnnserve_logged", False))
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -84,18 +71,6 @@ class ItemError:
     """
 
     error: Exception
-
-
-class BatcherError(Exception):
-    """Base class for the batcher's own errors."""
-
-
-class QueueFull(BatcherError):
-    """The queue holds ``max_queue_size`` items already; try again later."""
-
-
-class BatcherClosed(BatcherError):
-    """The batcher is shutting down or stopped and takes no new items."""
 
 
 class HandlerResultMismatch(BatcherError):

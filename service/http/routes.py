@@ -24,22 +24,10 @@ from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive, Scope, Send
 
-from service import defaults, wire
-from service.batching import (
-    REQUEST_ID,
-    BatcherClosed,
-    QueueFull,
-    is_out_of_memory,
-    was_logged,
-)
-from service.config import Settings
-from service.metrics import CONTENT_TYPE, Metrics
-from service.runtime import NonFiniteInput, Runtime, StreamingUnavailable, UnknownModel
-from service.stepping import Piece
-from service.transport import EngineUnavailable
-from service.validation import (
-    Limits,
-    RequestError,
+from rnnserve.service.codec import bodies
+from rnnserve.service.config import Settings
+from rnnserve.service.http import defaults
+from rnnserve.service.http.validation import (
     RolloutRequest,
     RolloutResponse,
     Sequences,
@@ -48,6 +36,22 @@ from service.validation import (
     parse_body,
     to_arrays,
 )
+from rnnserve.service.interface import (
+    REQUEST_ID,
+    BatcherClosed,
+    EngineUnavailable,
+    Limits,
+    NonFiniteInput,
+    Piece,
+    QueueFull,
+    RequestError,
+    Runtime,
+    StreamingUnavailable,
+    UnknownModel,
+    is_out_of_memory,
+    was_logged,
+)
+from rnnserve.service.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -129,7 +133,7 @@ def _body_spec(schema: type[BaseModel]) -> dict[str, Any]:
             "content": {
                 "application/json": {"schema": schema.model_json_schema()},
                 # the binary format (docs/WIRE.md): tensors <field> and lengths, metadata model
-                wire.SAFETENSORS: {"schema": {"type": "string", "format": "binary"}},
+                bodies.SAFETENSORS: {"schema": {"type": "string", "format": "binary"}},
             },
         }
     }
@@ -554,8 +558,8 @@ async def _infer(
         codec: CodecPool = state.codec  # create_app's, closed by its lifespan
         ctype = request.headers.get("content-type")
         # safetensors bodies are read in place, in far less than a hand-off to a thread costs
-        json_bytes = 0 if wire.is_safetensors(ctype) else len(body)
-        decoded = await codec.run(json_bytes, wire.decode, body, ctype, field, limits)
+        json_bytes = 0 if bodies.is_safetensors(ctype) else len(body)
+        decoded = await codec.run(json_bytes, bodies.decode, body, ctype, field, limits)
         if decoded is None:  # off the JSON fast path: the precise parser says what is wrong
             name, sequences = await codec.run(len(body), parse_body, body, schema, field)
         else:
@@ -614,7 +618,7 @@ async def _infer(
         except EngineUnavailable as exc:  # several workers: the model process has gone
             raise RequestError(503, "engine_unavailable", str(exc)) from None
         except NonFiniteInput:  # found by the model in its own pass; say where
-            raise wire.non_finite_error(sequences, field) from None
+            raise bodies.non_finite_error(sequences, field) from None
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -623,16 +627,16 @@ async def _infer(
                 503, "out_of_memory", f"the model ran out of memory on this request ({rid})"
             ) from None
         code = 200
-        if wire.wants_safetensors(request.headers.get("accept")):
-            parts = wire.encode_parts(name, out_field, outputs)
-            response: Response = BuffersResponse(parts, media_type=wire.SAFETENSORS)
+        if bodies.wants_safetensors(request.headers.get("accept")):
+            parts = bodies.encode_parts(name, out_field, outputs)
+            response: Response = BuffersResponse(parts, media_type=bodies.SAFETENSORS)
             response.headers.update(headers)
             return response
         answer = await codec.run(
-            _json_bytes(outputs), functools.partial(wire.encode, view=True),
+            _json_bytes(outputs), functools.partial(bodies.encode, view=True),
             name, out_field, outputs, False,
         )  # fmt: skip
-        return Response(answer, media_type=wire.JSON, headers=headers)
+        return Response(answer, media_type=bodies.JSON, headers=headers)
     except ClientGone:
         code = 499  # nginx's "client closed request": nobody reads this answer
         metrics.cancelled.labels(endpoint).inc()

@@ -1,6 +1,6 @@
 """The JSON response body for float32 sequences, written by a compiled loop: orjson's bytes, faster.
 
-:func:`sequences_json` returns exactly the bytes of service.wire's ::
+:func:`sequences_json` returns exactly the bytes of rnnserve.service.codec.bodies's ::
 
     orjson.dumps({"model": model, out_field: list(FlatSequences(data, lengths))},
                  option=orjson.OPT_SERIALIZE_NUMPY)
@@ -31,7 +31,7 @@ otherwise ``1e-7``, ``1.5e+13``, ``3.4028235e+38``; NaN and infinities as ``null
 
 Verified byte for byte against orjson 3.13.0: ``scripts/check_jsonwrite.py`` compares the text
 of all 2**32 float32 bit patterns (orjson on chunks of 2**20 against :func:`floats_json`): no
-difference; ``tests/unit/test_jsonwrite.py`` compares whole bodies (edge and random values,
+difference; ``tests/unit/codec/test_json_writer.py`` compares whole bodies (edge and random values,
 hypothesis, several shapes and lengths, names needing escapes, what goes to orjson).
 """
 
@@ -44,8 +44,8 @@ import numba
 import numpy as np
 import orjson
 
-from models.packing import FlatSequences
-from service.intrinsics import bit_length, store8
+from rnnserve.service.codec.intrinsics import bit_length, store8
+from rnnserve.service.interface import FlatSequences
 
 # -- Dragonbox for binary32 ------------------------------------------------------------------
 
@@ -446,7 +446,7 @@ def floats_json(values: np.ndarray) -> bytes:
 
 
 def _orjson(model: str, out_field: str, data: np.ndarray, lengths: np.ndarray) -> bytes:
-    seqs = list(FlatSequences(data, lengths))  # as service.wire.encode has them
+    seqs = list(FlatSequences(data, lengths))  # as rnnserve.service.codec.bodies.encode has them
     return orjson.dumps({"model": model, out_field: seqs}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 

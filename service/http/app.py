@@ -2,7 +2,8 @@
 
 :func:`create_app` builds the single-process server: the models live in this process. With
 ``rnnserve --workers N`` each HTTP worker is built by :func:`create_worker_app` instead: the same
-routes over a :class:`~service.transport.RemoteRuntime` that reaches the engine process.
+routes over a :class:`~rnnserve.service.ipc.worker_side.RemoteRuntime` that reaches the engine
+process.
 """
 
 from __future__ import annotations
@@ -20,14 +21,20 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
-from service import openapi, wire
-from service.config import Settings, package_version
-from service.logs import log_models
-from service.metrics import Metrics
-from service.routes import CodecPool, error_response, json_response, router, serve_inference
-from service.runtime import ModelRuntime, Runtime, settle_garbage_collector
-from service.transport import RemoteRuntime
-from service.validation import RequestError
+from rnnserve.service.codec import bodies
+from rnnserve.service.config import Settings, package_version
+from rnnserve.service.http import openapi
+from rnnserve.service.http.routes import (
+    CodecPool,
+    error_response,
+    json_response,
+    router,
+    serve_inference,
+)
+from rnnserve.service.interface import RequestError, Runtime
+from rnnserve.service.logs import log_models
+from rnnserve.service.memory import settle_garbage_collector
+from rnnserve.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +61,7 @@ def create_worker_app() -> App:
 
 class App(FastAPI):
     """FastAPI, with the inference endpoints served before its middleware and routing
-    (:func:`service.routes.serve_inference`); everything else goes through FastAPI."""
+    (:func:`rnnserve.service.http.routes.serve_inference`); everything else goes through FastAPI."""
 
     extra_header: tuple[bytes, bytes] | None = None  # on every response (worker's pid)
 
@@ -93,7 +100,7 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
             log_models(runtime.models, log)
         openapi.refresh(app)  # the description of the models now served
         # the JSON scanner compiles here, not in the first request
-        await asyncio.get_running_loop().run_in_executor(None, wire.warm_up)
+        await asyncio.get_running_loop().run_in_executor(None, bodies.warm_up)
         settle_garbage_collector()
         app.state.ready = True
         try:
@@ -113,10 +120,16 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
         redoc_url=None,
     )
     app.state.settings = settings
+    # imported here, not at the top: an HTTP worker of --workers N never loads torch and the
+    # models, which only the single-process server's runtime needs
     if engine_socket is None:
+        from rnnserve.service.engine.runtime import ModelRuntime
+
         app.state.metrics = Metrics()
         app.state.runtime = ModelRuntime(settings, app.state.metrics)
     else:
+        from rnnserve.service.ipc.worker_side import RemoteRuntime
+
         app.state.metrics = Metrics(multiprocess=True)
         app.state.runtime = RemoteRuntime(engine_socket)
     app.state.codec = CodecPool(settings.codec_threads, settings.codec_offload_bytes)

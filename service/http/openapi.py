@@ -7,7 +7,7 @@ built once the models are loaded (:func:`refresh`, from the app's lifespan): the
 schemas carry the served models' feature counts, names and the configured limits, with
 examples that succeed as given; each served model also has its own path
 ``/models/<name>/infer`` with its input and output widths. The 200 examples are the models' real
-answers to those requests, computed at start-up (:mod:`service.examples`).
+answers to those requests, computed at start-up (:mod:`rnnserve.service.examples`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from service import defaults, examples, wire
-from service.config import Settings, package_version
-from service.metrics import CONTENT_TYPE
-from service.runtime import ServedInfo
+from rnnserve.service import examples
+from rnnserve.service.codec import bodies
+from rnnserve.service.config import Settings, package_version
+from rnnserve.service.http import defaults
+from rnnserve.service.interface import ServedInfo
+from rnnserve.service.metrics import CONTENT_TYPE
 
 ASSETS = "/docs/assets"
 OAUTH2_REDIRECT = "/docs/oauth2-redirect"
@@ -51,7 +53,7 @@ _PATH_TAGS = {
 }
 
 # The status each error ``type`` comes with (README's errors table; tests check both agree
-# with service.routes.ErrorType).
+# with rnnserve.service.http.routes.ErrorType).
 ERROR_STATUS: dict[str, int] = {
     "invalid_json": 400, "invalid_safetensors": 400, "invalid_header": 400,
     "unauthorized": 401,
@@ -331,7 +333,7 @@ def _inference(
         answered[f"model {name}"] = (name, f"{name}'s answer")
     if requests:
         content["application/json"]["examples"] = requests
-    content[wire.SAFETENSORS]["schema"]["description"] = (
+    content[bodies.SAFETENSORS]["schema"]["description"] = (
         f"a safetensors file: float32 tensor '{field}' [sum T_i, {width or 'F'}] (the sequences "
         "one after another), int64 tensor 'lengths' [N], optional metadata 'model'"
     )
@@ -418,7 +420,7 @@ def _infer_paths(
                 "value": {"inputs": examples.example_inputs(m.input_dim)},
             }
         }
-        binary = op["requestBody"]["content"][wire.SAFETENSORS]["schema"]
+        binary = op["requestBody"]["content"][bodies.SAFETENSORS]["schema"]
         binary["description"] = (
             f"a safetensors file: float32 tensor 'inputs' [sum T_i, {m.input_dim}] (the "
             "sequences one after another), int64 tensor 'lengths' [N]"
@@ -461,7 +463,7 @@ def _infer_paths(
 
 def _binary_answer(op: dict[str, Any], out_field: str) -> None:
     ok = op["responses"]["200"]
-    ok.setdefault("content", {})[wire.SAFETENSORS] = {
+    ok.setdefault("content", {})[bodies.SAFETENSORS] = {
         "schema": {
             "type": "string",
             "format": "binary",

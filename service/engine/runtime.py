@@ -4,38 +4,46 @@ The HTTP layer calls :meth:`ModelRuntime.infer`; the batcher gathers concurrent 
 batch is packed, run and unpacked on the model's own worker thread under
 ``torch.inference_mode()``, never on the event loop. Each model has its own thread, so a long
 batch of one model never delays another model's batches. Rollouts are scheduled continuously by
-default (:mod:`service.scheduler`, :mod:`service.stepping`): sequences join and leave the
-running batch between chunks of steps, so a short rollout never waits for a long one.
+default (:mod:`rnnserve.service.engine.continuous`, :mod:`rnnserve.service.engine.chunked_rollout`):
+sequences join and leave the running batch between chunks of steps, so a short rollout never waits
+for a long one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-import models
-from models import torchscript
-from models.packing import FlatSequences, active_fraction, pack_flat, plan, unpack_flat
-from models.recurrent import RecurrentModel
-from models.smoothing import LinearRecursion
-from models.traveller import Traveller
-from service import examples
-from service.batching import DynamicBatcher, ItemError, TimedResults, is_out_of_memory
-from service.config import Settings
-from service.metrics import Metrics
-from service.scheduler import ChunkOutcome, ContinuousBatcher
-from service.stepping import ChunkedRollout, Piece
+from rnnserve import models
+from rnnserve.models import torchscript
+from rnnserve.models.packing import active_fraction, pack_flat, plan, unpack_flat
+from rnnserve.models.recurrent import RecurrentModel
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.models.traveller import Traveller
+from rnnserve.service import examples
+from rnnserve.service.config import Settings
+from rnnserve.service.engine.batcher import DynamicBatcher, ItemError, TimedResults
+from rnnserve.service.engine.chunked_rollout import ChunkedRollout
+from rnnserve.service.engine.continuous import ChunkOutcome, ContinuousBatcher
+from rnnserve.service.interface import (
+    FlatSequences,
+    NonFiniteInput,
+    Piece,
+    StreamingUnavailable,
+    UnknownModel,
+    is_out_of_memory,
+)
+from rnnserve.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -45,78 +53,8 @@ A = TypeVar("A")
 Item = FlatSequences
 
 
-class UnknownModel(LookupError):
-    """No served model has that name."""
-
-
 class StartupError(RuntimeError):
     """The server cannot start as configured; the message names the file or setting."""
-
-
-class StreamingUnavailable(ValueError):
-    """The model cannot stream its output (not a continuously scheduled Traveller)."""
-
-
-class NonFiniteInput(ValueError):
-    """A request held a NaN or an infinity, found by the model while it ran (its own pass).
-
-    ``sequence`` is the index, within the request, of the first sequence with one.
-    """
-
-    def __init__(self, sequence: int) -> None:
-        super().__init__(f"sequence {sequence} holds a value that is not finite")
-        self.sequence = sequence
-
-
-class ServedInfo(Protocol):
-    """What the HTTP layer reads of a served model."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def input_dim(self) -> int: ...
-    @property
-    def info(self) -> dict[str, Any]: ...
-    @property
-    def checks_finite(self) -> bool:
-        """Whether the model checks its inputs for NaN and infinity as it runs.
-
-        If so, the HTTP layer may skip its own pass over a binary body: a request with such
-        a value then fails alone with :class:`NonFiniteInput`.
-        """
-        ...
-
-
-class Runtime(Protocol):
-    """What the HTTP layer uses of a runtime: :class:`ModelRuntime` in this process, or
-    :class:`service.transport.RemoteRuntime` in an HTTP worker of ``rnnserve --workers N``.
-    Both raise the same errors: ``UnknownModel``, ``QueueFull``, ``BatcherClosed``,
-    ``StreamingUnavailable``."""
-
-    @property
-    def models(self) -> Mapping[str, ServedInfo]: ...
-    @property
-    def available(self) -> bool: ...
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
-    def get(self, name: str) -> ServedInfo: ...
-    async def infer(self, name: str, sequences: Item) -> Item: ...
-    async def open_stream(self, name: str, sequences: Item) -> AsyncIterator[list[Piece]]: ...
-
-
-def settle_garbage_collector() -> None:
-    """Call once the models are loaded and warm: move every object alive now (modules, models,
-    compiled code: hundreds of thousands of them) out of the cyclic collector's reach
-    (``gc.freeze``; ``gc.unfreeze`` gives them back at shutdown).
-
-    Python's full collections otherwise walk all of them, tens of milliseconds each, stalling
-    every request in flight: under load on /smooth they were most of the p99 latency (194 ms
-    against 63 ms frozen, docs/BENCHMARKS.md).
-    """
-    gc.collect()
-    gc.freeze()
 
 
 @dataclass
@@ -254,7 +192,7 @@ class ModelRuntime:
         )
         dim = _input_dim(module)
         if isinstance(module, Traveller) and module.rollout_backend == "triton":
-            from models.kernels.rollout_triton import warm_up
+            from rnnserve.models.kernels.rollout_triton import warm_up
 
             # compile the kernels and capture the CUDA graphs of every batch-size bucket now
             warm_up(

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from service.config import Settings
-from service.runtime import ServedInfo
-from service.validation import RequestError
+from rnnserve.service.config import Settings
+from rnnserve.service.interface import RequestError, ServedInfo
 
 ENDPOINT = {"smoother": "/smooth", "traveller": "/rollout"}
 

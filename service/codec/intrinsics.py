@@ -1,6 +1,6 @@
-"""LLVM intrinsics for the compiled JSON reader (:mod:`service.wire`) and writer
-(:mod:`service.jsonwrite`): unaligned 8-byte loads and stores into uint8 arrays, and bit counts,
-each one machine instruction where numba has no spelling for it.
+"""LLVM intrinsics for the compiled JSON reader (:mod:`rnnserve.service.codec.bodies`) and writer
+(:mod:`rnnserve.service.codec.json_writer`): unaligned 8-byte loads and stores into uint8 arrays,
+and bit counts, each one machine instruction where numba has no spelling for it.
 
 Functions handed to ``intrinsic(...)`` run inside numba's compiler while their callers compile;
 mutation testing leaves them alone (docs/TESTING.md) and the reader's and writer's tests cover

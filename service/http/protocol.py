@@ -24,10 +24,10 @@ A 720 KB body then takes a dozen pauses and wake-ups and three copies. This prot
 whose ``Content-Length`` is at most ``max_request_bytes`` (a larger one is refused before it is
 read) without pausing, and keeps its pieces as they came, joined once when the app reads them
 (:class:`_Body`). Every inference route takes that declared length from the byte budget before
-reading (service.routes), so what is read ahead is counted; other routes answer without reading,
-and uvicorn drops the body of a request that has been answered. Measured on the 4,000-step
-``/smooth`` JSON load (64 clients, three runs each way): 3.36 against 3.49 ms of server CPU
-per request (docs/BENCHMARKS.md).
+reading (rnnserve.service.http.routes), so what is read ahead is counted; other routes answer
+without reading, and uvicorn drops the body of a request that has been answered. Measured on the
+4,000-step ``/smooth`` JSON load (64 clients, three runs each way): 3.36 against 3.49 ms of server
+CPU per request (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ wrong and where (sequence, step, feature), never echoing the input back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
+
+from rnnserve.service.interface import Limits, RequestError
 
 # Strict: no strings or booleans posing as numbers; NaN and Infinity literals are refused.
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -44,29 +45,6 @@ class SmoothResponse(BaseModel):
 class RolloutResponse(BaseModel):
     model: str
     positions: list[list[list[float]]]
-
-
-@dataclass
-class RequestError(Exception):
-    """A client error: HTTP ``status``, machine-readable ``type``, a message and a location."""
-
-    status: int
-    type: str
-    message: str
-    loc: tuple[str | int, ...] = ()
-
-    def __str__(self) -> str:
-        return self.message
-
-    def body(self) -> dict[str, Any]:
-        return {"detail": self.message, "type": self.type, "loc": list(self.loc)}
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_sequences: int
-    max_sequence_length: int
-    max_timesteps: int
 
 
 def _where(loc: tuple[str | int, ...]) -> str:

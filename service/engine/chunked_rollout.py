@@ -5,7 +5,7 @@ outputs so far and its LSTM state (on the model's device, one row per running se
 call to :meth:`ChunkedRollout.advance` admits new requests, drops abandoned ones, runs every
 running sequence ``chunk_steps`` further (or to its end) in one packed call of the model's
 resumable rollout, and returns the requests that finished. It runs on the model's worker thread;
-the asyncio side is :class:`service.scheduler.ContinuousBatcher`.
+the asyncio side is :class:`rnnserve.service.engine.continuous.ContinuousBatcher`.
 
 A sequence's result does not depend on how its steps were split into chunks or which other
 sequences shared them: the resumable rollout carries ``(h, c, p)`` exactly.
@@ -18,11 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.packing import active_fraction, pack, unpack
-from models.traveller import RolloutState, Traveller
-
-# one piece of a request's output: (sequence index in the request, first step, [n, 2] positions)
-Piece = tuple[int, int, np.ndarray]
+from rnnserve.models.packing import active_fraction, pack, unpack
+from rnnserve.models.traveller import RolloutState, Traveller
+from rnnserve.service.interface import Piece
 
 
 @dataclass(eq=False)

@@ -31,15 +31,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from service.batching import (
-    REQUEST_ID,
-    BatcherClosed,
-    BatchObserver,
-    QueueFull,
-    failure_reason,
-    mark_logged,
-    request_ids,
-)
+from rnnserve.service.engine.batcher import BatchObserver, failure_reason, request_ids
+from rnnserve.service.interface import REQUEST_ID, BatcherClosed, QueueFull, mark_logged
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -77,7 +70,7 @@ class _Work(Generic[T, R]):
 class ContinuousBatcher(Generic[T, R]):
     """Runs step-wise items in chunks; items join and leave the running set between chunks.
 
-    The same public surface as :class:`service.batching.DynamicBatcher`: ``start``,
+    The same public surface as :class:`rnnserve.service.engine.batcher.DynamicBatcher`: ``start``,
     ``submit``, ``close`` and ``queue_depth``; the same errors (``QueueFull``,
     ``BatcherClosed``) and the same observer callbacks, one ``on_batch`` per chunk.
     """

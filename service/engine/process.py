@@ -1,10 +1,10 @@
 """The engine process of ``rnnserve --workers N``: the models, served to the HTTP workers.
 
-It runs the same :class:`~service.runtime.ModelRuntime` a single-process server runs (batchers,
-continuous scheduler, one worker thread per model), so requests from every HTTP worker meet in
-the same batches; :class:`~service.transport.EngineServer` serves it on a Unix domain socket in
-a private folder. Its batch and queue metrics go to the shared Prometheus multiprocess folder,
-where any worker's ``/metrics`` reads them.
+It runs the same :class:`~rnnserve.service.engine.runtime.ModelRuntime` a single-process server runs
+(batchers, continuous scheduler, one worker thread per model), so requests from every HTTP worker
+meet in the same batches; :class:`~rnnserve.service.ipc.engine_side.EngineServer` serves it on a
+Unix domain socket in a private folder. Its batch and queue metrics go to the shared Prometheus
+multiprocess folder, where any worker's ``/metrics`` reads them.
 
 Shutdown: the ``rnnserve`` parent sends SIGTERM once the HTTP workers have finished their
 requests and gone. On SIGTERM the engine waits for the workers still connected (up to
@@ -21,11 +21,12 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 
-from service.config import Settings
-from service.logs import configure_logging, log_models
-from service.metrics import Metrics
-from service.runtime import ModelRuntime, settle_garbage_collector
-from service.transport import EngineServer
+from rnnserve.service.config import Settings
+from rnnserve.service.engine.runtime import ModelRuntime
+from rnnserve.service.ipc.engine_side import EngineServer
+from rnnserve.service.logs import configure_logging, log_models
+from rnnserve.service.memory import settle_garbage_collector
+from rnnserve.service.metrics import Metrics
 
 log = logging.getLogger("rnnserve.engine")
 

@@ -1,0 +1,1 @@
+"""Runs in the HTTP workers: request and response bodies <-> float32 arrays (JSON, safetensors)."""

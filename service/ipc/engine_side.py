@@ -1,0 +1,176 @@
+"""The engine's side of the IPC socket: :class:`EngineServer` serves a runtime's models to the
+HTTP workers, one task per call (the frames are :mod:`rnnserve.service.ipc.frames`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+
+import orjson
+
+from rnnserve.service.interface import (
+    REQUEST_ID,
+    Runtime,
+)
+from rnnserve.service.ipc.frames import (
+    STREAM_LIMIT,
+    Frame,
+    FrameError,
+    Op,
+    error_frame,
+    progress_frame,
+    read_frame,
+    request_of,
+)
+
+log = logging.getLogger(__name__)
+
+
+class _Connection:
+    """One worker's connection: its requests run as tasks, keyed by request id."""
+
+    def __init__(
+        self, runtime: Runtime, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.runtime, self.reader, self.writer = runtime, reader, writer
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+
+    async def serve(self) -> None:
+        try:
+            while (frame := await read_frame(self.reader)) is not None:
+                self._dispatch(frame)
+        except (FrameError, ConnectionError) as exc:
+            log.warning("dropping a worker connection: %s", exc)
+        finally:
+            for task in list(self.tasks.values()):
+                task.cancel()  # its requests leave the queue or the running batch
+            if self.tasks:
+                await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+            self.writer.close()
+            with contextlib.suppress(ConnectionError):
+                await self.writer.wait_closed()
+
+    def _dispatch(self, frame: Frame) -> None:
+        if frame.op == Op.HELLO:
+            self._send(Frame(Op.HELLO, frame.id, text=self._hello()))
+        elif frame.op in (Op.INFER, Op.STREAM):
+            run = self._infer if frame.op == Op.INFER else self._stream
+            task = asyncio.ensure_future(run(frame))
+            self.tasks[frame.id] = task
+            task.add_done_callback(functools.partial(self._forget, frame.id))
+        elif frame.op == Op.CANCEL:
+            running = self.tasks.get(frame.id)
+            if running is not None:
+                running.cancel()
+        else:
+            self._send(error_frame(frame.id, FrameError(f"{frame.op.name} is not a request")))
+
+    def _forget(self, rid: int, _: object) -> None:
+        self.tasks.pop(rid, None)
+
+    def _hello(self) -> bytes:
+        served = [
+            {"name": m.name, "kind": m.kind, "input_dim": m.input_dim, "info": m.info}
+            for m in self.runtime.models.values()
+        ]
+        return orjson.dumps({"pid": os.getpid(), "models": served})
+
+    async def _infer(self, frame: Frame) -> None:
+        try:
+            name, request_id, sequences = request_of(frame)
+            REQUEST_ID.set(request_id)  # this task's own context: the batcher logs with it
+            out = await self.runtime.infer(name, sequences)
+            reply = Frame(Op.RESULT, frame.id, ints=out.lengths, rows=out.data)
+        except asyncio.CancelledError:
+            raise  # the worker forgot this id: nothing to answer
+        except Exception as exc:  # the same exception, raised again in the worker
+            reply = error_frame(frame.id, exc)
+        await self._reply(reply)
+
+    async def _stream(self, frame: Frame) -> None:
+        try:
+            name, request_id, sequences = request_of(frame)
+            REQUEST_ID.set(request_id)
+            pieces = await self.runtime.open_stream(name, sequences)
+        except Exception as exc:
+            await self._reply(error_frame(frame.id, exc))
+            return
+        try:
+            await self._reply(Frame(Op.ACCEPTED, frame.id))
+            async for chunk in pieces:
+                await self._reply(progress_frame(frame.id, chunk))
+            await self._reply(Frame(Op.END, frame.id))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._reply(error_frame(frame.id, exc))
+        finally:
+            with contextlib.suppress(RuntimeError):
+                await pieces.aclose()  # type: ignore[attr-defined]
+
+    def _send(self, frame: Frame) -> None:
+        if not self.writer.is_closing():
+            self.writer.writelines(frame.buffers())
+
+    async def _reply(self, frame: Frame) -> None:
+        self._send(frame)
+        with contextlib.suppress(ConnectionError):
+            await self.writer.drain()
+
+
+class EngineServer:
+    """Serves a runtime's models to HTTP workers on a Unix domain socket."""
+
+    def __init__(self, runtime: Runtime, path: str) -> None:
+        self.runtime = runtime
+        self.path = path
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: dict[_Connection, asyncio.Task[None]] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._accept, self.path, limit=STREAM_LIMIT)
+        os.chmod(self.path, 0o600)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        connection = _Connection(self.runtime, reader, writer)
+        self._connections[connection] = task
+        self._idle.clear()
+        try:
+            await connection.serve()
+        finally:
+            del self._connections[connection]
+            if not self._connections:
+                self._idle.set()
+
+    async def wait_idle(self, timeout_s: float | None) -> bool:
+        """Wait until no worker is connected (they are draining); False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Stop listening and drop every connection (their requests are cancelled)."""
+        if self._server is not None:
+            self._server.close()
+        # closing the socket ends each connection's read loop, which cancels its requests
+        for connection in self._connections:
+            connection.writer.close()
+        if self._connections:
+            await asyncio.gather(*self._connections.values(), return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)

@@ -1,0 +1,249 @@
+"""The frames of ``rnnserve --workers N``'s process boundary: HTTP workers <-> the engine process.
+
+The engine process owns the models (a :class:`~rnnserve.service.engine.runtime.ModelRuntime`:
+batchers, scheduler, worker threads) and serves them on a Unix domain socket with
+:class:`EngineServer`. Each HTTP worker holds one connection to it, a :class:`RemoteRuntime` that
+has the surface the routes use of ``ModelRuntime`` (``get``, ``infer``, ``open_stream``, ``models``,
+``available``) and raises the same errors. Parsing and serialising stay in the workers: only
+flat float32 rows and their lengths cross the boundary, never JSON.
+
+A frame is a little-endian ``u32`` byte count, a fixed header (op, error code, flags, call
+id, byte counts) and three sections: a UTF-8 text (the model name and the HTTP request's
+``X-Request-Id``, an error message, a JSON hello), an int64 array and a float32 ``[rows,
+width]`` array, sent as raw bytes. Many requests share one connection, told apart by their call
+id. The engine logs a model's failure with the HTTP request ids (as a single-process server
+does) and flags the ERROR frame :data:`LOGGED`, so the worker does not log it a second time:
+
+=========== ============== =============================================================
+op          direction      sections
+=========== ============== =============================================================
+HELLO       both           worker: nothing; engine: JSON ``{"pid", "models": [...]}``
+INFER       worker->engine ``model\\0request id``, lengths ``[N]``, rows ``[sum T_i, F]``
+STREAM      worker->engine the same; answered ACCEPTED, PROGRESS..., END (or ERROR)
+CANCEL      worker->engine nothing: the caller went away, drop the request's work
+RESULT      engine->worker lengths, output rows
+ACCEPTED    engine->worker nothing: the stream is queued
+PROGRESS    engine->worker ``(index, first step, steps)`` per piece, the pieces' rows
+END         engine->worker nothing: the stream is complete
+ERROR       engine->worker error code (which exception), flags, its message
+=========== ============== =============================================================
+
+The rows are copied once each way (into the socket and out of it); a measured cost per MB is in
+docs/BENCHMARKS.md. A lost connection fails every call waiting on it with
+:class:`EngineUnavailable`, and the worker stops reporting ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rnnserve.service.interface import (
+    BatcherClosed,
+    FlatSequences,
+    Piece,
+    QueueFull,
+    StreamingUnavailable,
+    UnknownModel,
+    mark_logged,
+    was_logged,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX = struct.Struct("<I")  # bytes of the frame after the prefix
+HEADER = struct.Struct("<BBBxQIIII")  # op, code, flags, call id, text bytes, ints, rows, width
+LOGGED = 1  # flags of an ERROR frame: the engine logged the failure with the request ids
+MAX_FRAME = 2**32 - 1
+STREAM_LIMIT = 16 * 2**20  # asyncio stream buffer: big frames arrive in few reads
+
+
+class Op(enum.IntEnum):
+    HELLO = 1
+    INFER = 2
+    STREAM = 3
+    CANCEL = 4
+    RESULT = 5
+    ACCEPTED = 6
+    PROGRESS = 7
+    END = 8
+    ERROR = 9
+
+
+class Code(enum.IntEnum):
+    """Which exception an ERROR frame stands for."""
+
+    INTERNAL = 1
+    UNKNOWN_MODEL = 2
+    QUEUE_FULL = 3
+    CLOSED = 4
+    STREAMING_UNAVAILABLE = 5
+    BAD_FRAME = 6
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request (the model raised); its log has the traceback."""
+
+
+class FrameError(ValueError):
+    """A frame whose sizes do not add up."""
+
+
+_CODES: dict[type[Exception], Code] = {
+    UnknownModel: Code.UNKNOWN_MODEL,
+    QueueFull: Code.QUEUE_FULL,
+    BatcherClosed: Code.CLOSED,
+    StreamingUnavailable: Code.STREAMING_UNAVAILABLE,
+    FrameError: Code.BAD_FRAME,
+}
+_EXCEPTIONS: dict[Code, type[Exception]] = {
+    Code.UNKNOWN_MODEL: UnknownModel,
+    Code.QUEUE_FULL: QueueFull,
+    Code.CLOSED: BatcherClosed,
+    Code.STREAMING_UNAVAILABLE: StreamingUnavailable,
+}
+
+_NO_INTS = np.empty(0, np.int64)
+_NO_ROWS = np.empty((0, 0), np.float32)
+
+
+# -- frames --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Frame:
+    """One message: ``ints`` int64 ``[n]``, ``rows`` float32 ``[rows, width]``."""
+
+    op: Op
+    id: int = 0
+    code: int = 0
+    text: bytes = b""
+    ints: np.ndarray = field(default_factory=lambda: _NO_INTS)
+    rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)
+    flags: int = 0
+
+    def buffers(self) -> list[bytes | memoryview]:
+        """The encoded frame as buffers to write one after another (the arrays not copied)."""
+        ints = np.ascontiguousarray(self.ints, dtype="<i8")
+        rows = np.ascontiguousarray(self.rows, dtype="<f4")
+        if rows.ndim != 2:
+            raise FrameError(f"rows must be [rows, width], got shape {rows.shape}")
+        size = HEADER.size + len(self.text) + ints.nbytes + rows.nbytes
+        if size > MAX_FRAME:
+            raise FrameError(f"frame of {size} bytes is over the {MAX_FRAME} limit")
+        head = PREFIX.pack(size) + HEADER.pack(
+            self.op,
+            self.code,
+            self.flags,
+            self.id,
+            len(self.text),
+            len(ints),
+            rows.shape[0],
+            rows.shape[1],
+        )
+        out: list[bytes | memoryview] = [head]
+        if self.text:
+            out.append(self.text)
+        if ints.nbytes:
+            out.append(ints.data.cast("B"))
+        if rows.nbytes:
+            out.append(rows.data.cast("B"))
+        return out
+
+    def encode(self) -> bytes:
+        return b"".join(self.buffers())
+
+
+def decode(body: bytes) -> Frame:
+    """A frame from its bytes after the length prefix; the arrays are views of ``body``."""
+    if len(body) < HEADER.size:
+        raise FrameError(f"frame of {len(body)} bytes is shorter than its header")
+    op, code, flags, rid, n_text, n_ints, n_rows, width = HEADER.unpack_from(body)
+    ints_at = HEADER.size + n_text
+    rows_at = ints_at + 8 * n_ints
+    if rows_at + 4 * n_rows * width != len(body):
+        raise FrameError(
+            f"frame of {len(body)} bytes does not hold {n_text} text bytes, {n_ints} ints and "
+            f"{n_rows}x{width} floats"
+        )
+    try:
+        kind = Op(op)
+    except ValueError:
+        raise FrameError(f"unknown op {op}") from None
+    text = body[HEADER.size : ints_at]
+    ints = np.frombuffer(body, "<i8", n_ints, ints_at) if n_ints else _NO_INTS
+    count = n_rows * width
+    flat = np.frombuffer(body, "<f4", count, rows_at) if count else np.empty(0, np.float32)
+    return Frame(kind, rid, code, text, ints, flat.reshape(n_rows, width), flags)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
+    """The next frame, or None at a clean end of the stream."""
+    try:
+        prefix = await reader.readexactly(PREFIX.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise FrameError("the stream ended inside a frame's length") from None
+        return None
+    (size,) = PREFIX.unpack(prefix)
+    return decode(await reader.readexactly(size))
+
+
+def error_frame(rid: int, exc: BaseException) -> Frame:
+    code = next((c for t, c in _CODES.items() if isinstance(exc, t)), Code.INTERNAL)
+    text = str(exc) if code != Code.INTERNAL else f"{type(exc).__name__}: {exc}"
+    return Frame(Op.ERROR, rid, code, text.encode(), flags=LOGGED if was_logged(exc) else 0)
+
+
+def frame_error(frame: Frame) -> Exception:
+    """The exception an ERROR frame stands for, of the class the engine raised (marked as
+    logged when the engine logged it)."""
+    message = frame.text.decode(errors="replace")
+    try:
+        cls = _EXCEPTIONS.get(Code(frame.code), EngineError)
+    except ValueError:
+        cls = EngineError
+    exc = cls(message)
+    if frame.flags & LOGGED:
+        mark_logged(exc)
+    return exc
+
+
+def request_frame(
+    op: Op, rid: int, model: str, sequences: FlatSequences, request_id: str | None = None
+) -> Frame:
+    """An INFER or STREAM frame; ``request_id``: the HTTP request's id, for the engine's log."""
+    text = model if request_id is None else f"{model}\0{request_id}"
+    return Frame(op, rid, text=text.encode(), ints=sequences.lengths, rows=sequences.data)
+
+
+def request_of(frame: Frame) -> tuple[str, str | None, FlatSequences]:
+    """The model name, the HTTP request id (None if the worker sent none) and the rows of an
+    INFER or STREAM frame."""
+    try:
+        name, _, request_id = frame.text.decode().partition("\0")
+        return name, request_id or None, FlatSequences(frame.rows, frame.ints)
+    except ValueError as exc:
+        raise FrameError(str(exc)) from None
+
+
+def progress_frame(rid: int, pieces: list[Piece]) -> Frame:
+    """A chunk of a streamed rollout: the pieces' (index, start, steps), then their rows."""
+    where = np.array([(i, start, len(y)) for i, start, y in pieces], np.int64).reshape(-1)
+    rows = np.concatenate([y for _, _, y in pieces]) if pieces else np.empty((0, 2), np.float32)
+    return Frame(Op.PROGRESS, rid, ints=where, rows=rows)
+
+
+def progress_pieces(frame: Frame) -> list[Piece]:
+    where = frame.ints.reshape(-1, 3)
+    ends = np.cumsum(where[:, 2])
+    starts = ends - where[:, 2]
+    return [
+        (int(i), int(t), frame.rows[a:b])
+        for (i, t, _), a, b in zip(where.tolist(), starts.tolist(), ends.tolist(), strict=True)
+    ]

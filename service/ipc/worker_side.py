@@ -1,0 +1,262 @@
+"""The worker's side of the IPC socket: :class:`RemoteRuntime`, the engine's models as the routes
+see a runtime (the frames are :mod:`rnnserve.service.ipc.frames`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from rnnserve.service.interface import (
+    REQUEST_ID,
+    EngineUnavailable,
+    FlatSequences,
+    Piece,
+    UnknownModel,
+)
+from rnnserve.service.ipc.frames import (
+    STREAM_LIMIT,
+    Frame,
+    FrameError,
+    Op,
+    frame_error,
+    progress_pieces,
+    read_frame,
+    request_frame,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    """A model served by the engine, as the routes see it."""
+
+    name: str
+    kind: str
+    input_dim: int
+    info: dict[str, Any]
+    checks_finite: bool = False  # the HTTP worker checks: the engine's finding is not relayed
+
+
+_END = object()
+
+
+@dataclass(eq=False)
+class _Call:
+    future: asyncio.Future[Any]  # the result, or (streams) the acceptance
+    queue: asyncio.Queue[Any] | None = None  # streams: progress, then _END or an exception
+
+
+class _RemoteStream:
+    """A streamed rollout's progress as it arrives; closing it early cancels it in the engine."""
+
+    def __init__(self, runtime: RemoteRuntime, rid: int, call: _Call) -> None:
+        assert call.queue is not None
+        self._runtime, self._rid, self._queue = runtime, rid, call.queue
+        self._done = False
+
+    def __aiter__(self) -> _RemoteStream:
+        return self
+
+    async def __anext__(self) -> list[Piece]:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:
+            await self.aclose()
+            raise
+        if item is _END:
+            self._done = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        pieces: list[Piece] = item
+        return pieces
+
+    async def aclose(self) -> None:
+        self._done = True
+        self._runtime._cancel(self._rid)  # a no-op once END or ERROR arrived
+
+
+class RemoteRuntime:
+    """The engine's models, reached over its socket; many calls share one connection.
+
+    ``on_lost`` is called once if the connection drops while the runtime is started.
+    """
+
+    def __init__(self, path: str, on_lost: Callable[[], None] | None = None) -> None:
+        self.path = path
+        self.on_lost = on_lost
+        self.engine_pid: int | None = None
+        self._models: dict[str, RemoteModel] = {}
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self._calls: dict[int, _Call] = {}
+        self._ids = itertools.count(1)
+        self._available = False
+        self._stopping = False
+
+    @property
+    def models(self) -> Mapping[str, RemoteModel]:
+        return self._models
+
+    @property
+    def available(self) -> bool:
+        return self._available
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        """Connect (retrying while the socket is not there yet) and learn the served models."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(self.path, limit=STREAM_LIMIT)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise EngineUnavailable(f"no engine listening on {self.path}") from None
+                await asyncio.sleep(0.05)
+        writer.writelines(Frame(Op.HELLO).buffers())
+        hello = await read_frame(reader)
+        if hello is None or hello.op != Op.HELLO:
+            writer.close()
+            raise EngineUnavailable("the engine did not say hello")
+        served = orjson.loads(hello.text)
+        self.engine_pid = int(served["pid"])
+        self._models = {
+            m["name"]: RemoteModel(m["name"], m["kind"], int(m["input_dim"]), m["info"])
+            for m in served["models"]
+        }
+        self._reader, self._writer = reader, writer
+        self._available = True
+        self._reading = asyncio.ensure_future(self._read())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(ConnectionError):
+                await self._writer.wait_closed()
+        if self._reading is not None:
+            self._reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reading
+        self._lost(EngineUnavailable("the worker is shutting down"))
+
+    async def _read(self) -> None:
+        assert self._reader is not None
+        why: Exception = EngineUnavailable("the engine closed the connection")
+        try:
+            while (frame := await read_frame(self._reader)) is not None:
+                self._deliver(frame)
+        except (FrameError, ConnectionError, asyncio.IncompleteReadError) as exc:
+            why = EngineUnavailable(f"lost the engine: {exc}")
+        finally:
+            self._lost(why)
+
+    def _lost(self, exc: Exception) -> None:
+        was_available, self._available = self._available, False
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            if not call.future.done():
+                call.future.set_exception(exc)
+            elif call.queue is not None:
+                call.queue.put_nowait(exc)
+        if was_available and not self._stopping:
+            log.error("%s; answering 503 engine_unavailable", exc)
+            if self.on_lost is not None:
+                self.on_lost()
+
+    def _deliver(self, frame: Frame) -> None:
+        call = self._calls.get(frame.id)
+        if call is None:  # a call that was cancelled meanwhile
+            return
+        if frame.op == Op.RESULT:
+            del self._calls[frame.id]
+            if not call.future.done():
+                call.future.set_result(FlatSequences(frame.rows, frame.ints))
+        elif frame.op == Op.ACCEPTED:
+            if not call.future.done():
+                call.future.set_result(None)
+        elif frame.op == Op.PROGRESS and call.queue is not None:
+            call.queue.put_nowait(progress_pieces(frame))
+        elif frame.op == Op.END and call.queue is not None:
+            del self._calls[frame.id]
+            call.queue.put_nowait(_END)
+        elif frame.op == Op.ERROR:
+            del self._calls[frame.id]
+            exc = frame_error(frame)
+            if not call.future.done():
+                call.future.set_exception(exc)
+            elif call.queue is not None:
+                call.queue.put_nowait(exc)
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def get(self, name: str) -> RemoteModel:
+        try:
+            return self._models[name]
+        except KeyError:
+            known = ", ".join(sorted(self._models)) or "none"
+            raise UnknownModel(f"no model named '{name}' (served: {known})") from None
+
+    async def infer(self, name: str, sequences: FlatSequences) -> FlatSequences:
+        """Run ``sequences`` through model ``name`` in the engine; cancelling cancels it there."""
+        self.get(name)
+        rid, call = self._open(Op.INFER, name, sequences, streaming=False)
+        try:
+            await self._drain()
+            result: FlatSequences = await call.future
+            return result
+        except asyncio.CancelledError:
+            self._cancel(rid)
+            raise
+
+    async def open_stream(self, name: str, sequences: FlatSequences) -> AsyncIterator[list[Piece]]:
+        """Queue a streamed rollout in the engine; raises its QueueFull etc. before returning."""
+        self.get(name)
+        rid, call = self._open(Op.STREAM, name, sequences, streaming=True)
+        try:
+            await self._drain()
+            await call.future  # ACCEPTED, or the engine's error
+        except BaseException:
+            self._cancel(rid)
+            raise
+        return _RemoteStream(self, rid, call)
+
+    def _open(
+        self, op: Op, name: str, sequences: FlatSequences, *, streaming: bool
+    ) -> tuple[int, _Call]:
+        if not self._available or self._writer is None:
+            raise EngineUnavailable("the engine process is not available")
+        rid = next(self._ids)
+        call = _Call(asyncio.get_running_loop().create_future())
+        if streaming:
+            call.queue = asyncio.Queue()
+        self._calls[rid] = call
+        frame = request_frame(op, rid, name, sequences, REQUEST_ID.get())
+        self._writer.writelines(frame.buffers())
+        return rid, call
+
+    async def _drain(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(ConnectionError):
+                await self._writer.drain()
+
+    def _cancel(self, rid: int) -> None:
+        """Forget call ``rid``; if the engine still runs it, tell the engine to drop it."""
+        if self._calls.pop(rid, None) is None:
+            return
+        if self._available and self._writer is not None and not self._writer.is_closing():
+            self._writer.writelines(Frame(Op.CANCEL, rid).buffers())
