@@ -12,8 +12,8 @@ import asyncio
 
 
 def _warm() -> None:
-    from service.app import create_app
-    from service.config import Settings
+    from rnnserve.service.config import Settings
+    from rnnserve.service.http.app import create_app
 
     app = create_app(Settings())
 

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from models.traveller import Traveller
+from rnnserve.models.traveller import Traveller
 
 
 def smoother_reference(x: np.ndarray, alpha: np.ndarray, wx: np.ndarray) -> np.ndarray:

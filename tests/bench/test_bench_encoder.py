@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import bench_models as bm
-from tests.unit.test_bench_smoke import assert_tables_well_formed, run_quick
+from tests.bench.test_bench_smoke import assert_tables_well_formed, run_quick
 
 EARLIER = f"""# Benchmarks
 

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from bench import bench_gpu_e2e, bench_models
-from models.packing import pack, unpack
-from models.smoothing import LinearRecursion
-from models.traveller import Traveller
+from rnnserve.models.packing import pack, unpack
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.models.traveller import Traveller
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_JAX = importlib.util.find_spec("jax") is not None

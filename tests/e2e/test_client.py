@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-import models
-from models.packing import pack, unpack
+from rnnserve import models
 from rnnserve.client import AsyncClient, BadRequest, Client, DeadlineExceeded, ModelNotFound
+from rnnserve.models.packing import pack, unpack
 from tests.e2e import rawhttp
 from tests.e2e.server import Server, start_server, stop
 from tests.metrics import value
@@ -60,7 +60,7 @@ _LOADED: dict[str, torch.nn.Module] = {}
 
 
 def reference(name: str, xs: list[np.ndarray]) -> list[np.ndarray]:
-    """The model's own answer, computed here with models.load and models.packing."""
+    """The model's own answer, computed here with models.load and rnnserve.models.packing."""
     model = _LOADED.setdefault(name, models.load(name))
     with torch.inference_mode():
         packed = pack([torch.from_numpy(x) for x in xs])

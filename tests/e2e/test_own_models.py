@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-import models
 from examples.gru_encoder import gru_cell_loop, make, make_packed
-from models import export
+from rnnserve import models
 from rnnserve.client import AsyncClient, BadRequest, Client, ModelNotFound
+from rnnserve.models import export
 from tests.e2e.server import start_server, stop
 
 pytestmark = pytest.mark.e2e
@@ -30,7 +30,8 @@ def test_exported_gru_encoder_is_served(tmp_path: Path) -> None:
     model_dir = tmp_path / "models"
     # the documented command, as a user runs it
     done = subprocess.run(
-        [sys.executable, "-m", "models.export", "--checkpoint", str(tmp_path / "gru_encoder.pt"),
+        [str(Path(sys.executable).with_name("rnnserve")), "export",
+         "--checkpoint", str(tmp_path / "gru_encoder.pt"),
          "--name", "gru_encoder", "--out-dir", str(model_dir), "--activation", "l2_normalize"],
         capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
@@ -94,7 +95,7 @@ def test_a_torchscript_model_is_served_only_when_trusted(tmp_path: Path) -> None
     root = Path(__file__).resolve().parents[2]
     # the documented command, as a user runs it
     done = subprocess.run(
-        [sys.executable, "-m", "models.export", "--torchscript",
+        [str(Path(sys.executable).with_name("rnnserve")), "export", "--torchscript",
          "--factory", "examples.gru_encoder:make_packed", "--name", "gru_ts",
          "--out-dir", str(model_dir)],
         capture_output=True, text=True, timeout=240, check=False, cwd=root,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-import models
+from rnnserve import models
 from tests.e2e.server import Server, start_server, stop
 from tests.metrics import value
 from tests.references import seed_rollout, smoother_reference

@@ -12,10 +12,10 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import save_file
 
-import models
-from models.smoothing import LinearRecursion
-from service.config import Settings
-from service.runtime import StartupError, preflight
+from rnnserve import models
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.service.config import Settings
+from rnnserve.service.engine.runtime import StartupError, preflight
 
 EXE = str(Path(sys.executable).with_name("rnnserve"))
 

@@ -21,8 +21,8 @@ import numpy as np
 import orjson
 import pytest
 
-from service.app import create_app
-from service.config import Settings
+from rnnserve.service.config import Settings
+from rnnserve.service.http.app import create_app
 from tests.e2e import rawhttp
 from tests.e2e.server import Server, start_server, stop
 from tests.e2e.test_disconnect import STEPS, hang_up_during_rollout
@@ -272,7 +272,7 @@ def test_the_engine_dying_gives_503_and_stops_the_server(tmp_path: Path) -> None
 # the spawned engine included; a real server process has no test hook of its own).
 POISON_SITE = """
 import numpy as np
-from models.smoothing import LinearRecursion
+from rnnserve.models.smoothing import LinearRecursion
 
 _real = LinearRecursion.smooth_flat
 

@@ -15,11 +15,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-import models
-from models.packing import pack
-from models.traveller import RolloutFn, Traveller, scripted_rollout
+from rnnserve import models
+from rnnserve.models.packing import pack
+from rnnserve.models.traveller import RolloutFn, Traveller, scripted_rollout
 
-rt = pytest.importorskip("models.kernels.rollout_triton")
+rt = pytest.importorskip("rnnserve.models.kernels.rollout_triton")
 
 CUDA = torch.device("cuda")
 SHAPES = [(1, 1000), (64, 500), (1024, 200)]

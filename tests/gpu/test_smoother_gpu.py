@@ -16,11 +16,11 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
-from models.kernels import ema_packed_numba, ema_packed_torch, last_step_rows
-from models.packing import pack
-from models.smoothing import LinearRecursion
+from rnnserve.models.kernels import ema_packed_numba, ema_packed_torch, last_step_rows
+from rnnserve.models.packing import pack
+from rnnserve.models.smoothing import LinearRecursion
 
-triton_mod = pytest.importorskip("models.kernels.smoother_triton")
+triton_mod = pytest.importorskip("rnnserve.models.kernels.smoother_triton")
 smooth_packed_triton = triton_mod.smooth_packed_triton
 plan_tiles = triton_mod.plan_tiles
 
@@ -121,7 +121,7 @@ LOOKBACK_CHILD = r"""
 import sys, torch
 sys.path[:0] = [sys.argv[1]]
 from tests.gpu.test_smoother_gpu import SHAPES, batch, cpu_forward, params
-from models.kernels.smoother_triton import smooth_packed_triton
+from rnnserve.models.kernels.smoother_triton import smooth_packed_triton
 worst = 0.0
 for n_seqs, n_steps, feat in SHAPES:
     packed = batch(n_seqs, n_steps, feat, seed=n_steps + 3, dtype=torch.float32)

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from service.app import create_app
-from service.config import Settings
+from rnnserve.service.config import Settings
+from rnnserve.service.http.app import create_app
 
 AppClient = Callable[..., AbstractAsyncContextManager[tuple[FastAPI, httpx.AsyncClient]]]
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-import models
-import service.runtime
-from models.smoothing import LinearRecursion
-from service.app import create_app
-from service.config import Settings
+import rnnserve.service.engine.runtime
+from rnnserve import models
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.service.config import Settings
+from rnnserve.service.http.app import create_app
 from tests.integration.conftest import AppClient
 from tests.metrics import samples, value
 from tests.references import seed_rollout, smoother_reference
@@ -292,14 +292,14 @@ async def test_limits_give_413(app_client: AppClient) -> None:
 
 def _fail_on_steps(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
     """Make the model fail for any batch of exactly ``steps`` timesteps."""
-    real = service.runtime.run_model
+    real = rnnserve.service.engine.runtime.run_model
 
     def flaky(module: torch.nn.Module, packed: Any) -> Any:
         if packed.data.shape[0] == steps:
             raise RuntimeError("simulated device failure")
         return real(module, packed)
 
-    monkeypatch.setattr(service.runtime, "run_model", flaky)
+    monkeypatch.setattr(rnnserve.service.engine.runtime, "run_model", flaky)
     real_flat = LinearRecursion.smooth_flat  # the smoother's CPU path, which skips packing
 
     def flaky_flat(self: LinearRecursion, data: Any, lengths: Any, *finite: Any) -> Any:

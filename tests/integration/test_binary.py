@@ -13,7 +13,7 @@ import torch
 from safetensors.numpy import load, save
 from torch.nn.utils.rnn import pack_sequence
 
-import models
+from rnnserve import models
 from tests.integration.conftest import AppClient
 from tests.metrics import value
 

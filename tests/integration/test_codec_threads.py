@@ -12,8 +12,9 @@ import httpx
 import numpy as np
 import pytest
 
-from service import routes, wire
-from service.routes import CodecPool
+from rnnserve.service.codec import bodies
+from rnnserve.service.http import routes
+from rnnserve.service.http.routes import CodecPool
 
 from .conftest import running_app
 
@@ -78,8 +79,8 @@ def where_it_ran(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
         return wrapped
 
-    monkeypatch.setattr(wire, "decode", spy("decode", wire.decode))
-    monkeypatch.setattr(wire, "encode", spy("encode", wire.encode))
+    monkeypatch.setattr(bodies, "decode", spy("decode", bodies.decode))
+    monkeypatch.setattr(bodies, "encode", spy("encode", bodies.encode))
     monkeypatch.setattr(routes, "parse_body", spy("parse_body", routes.parse_body))
     monkeypatch.setattr(routes, "to_arrays", spy("to_arrays", routes.to_arrays))
     return seen
@@ -142,14 +143,14 @@ async def test_a_large_body_being_read_holds_up_no_other_request(
     been answered: were the read on the event loop, the small one could never be (the test
     would hang, not pass)."""
     small_done = threading.Event()
-    real = wire.decode
+    real = bodies.decode
 
     def decode(body: bytes, *args: Any) -> Any:
         if len(body) > 50_000:
             assert small_done.wait(timeout=60), "the small request was held up"
         return real(body, *args)
 
-    monkeypatch.setattr(wire, "decode", decode)
+    monkeypatch.setattr(bodies, "decode", decode)
     async with running_app(codec_threads=1, codec_offload_bytes=50_000) as (_, client):
         big = asyncio.create_task(_post(client, "/smooth", _smooth(2_000, 8)))
         await asyncio.sleep(0)  # the big one first
@@ -174,7 +175,7 @@ async def test_the_threads_end_with_the_app() -> None:
 def test_settings_refuse_what_cannot_be(threads: int, min_bytes: int) -> None:
     from pydantic import ValidationError
 
-    from service.config import Settings
+    from rnnserve.service.config import Settings
 
     with pytest.raises(ValidationError):
         Settings(codec_threads=threads, codec_offload_bytes=min_bytes)
@@ -188,10 +189,10 @@ async def test_binary_bodies_are_read_on_the_loop_whatever_their_size(
 
     rows = np.random.default_rng(11).uniform(-1, 1, (2_000, 16)).astype(np.float32)
     body = save({"sequences": rows, "lengths": np.array([2_000], np.int64)})
-    headers = {"content-type": wire.SAFETENSORS, "accept": wire.SAFETENSORS}
+    headers = {"content-type": bodies.SAFETENSORS, "accept": bodies.SAFETENSORS}
     async with running_app(codec_threads=2, codec_offload_bytes=20_000) as (_, client):
         where_it_ran.clear()
         r = await client.post("/smooth", content=body, headers=headers)
     assert r.status_code == 200
-    assert r.headers["content-type"] == wire.SAFETENSORS
+    assert r.headers["content-type"] == bodies.SAFETENSORS
     assert where_it_ran == [("decode", LOOP_THREAD)]

@@ -37,8 +37,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from service.config import Settings
-from service.metrics import Metrics
+from rnnserve.service.config import Settings
+from rnnserve.service.metrics import Metrics
 from tests.e2e.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -877,7 +877,7 @@ def test_wheel_carries_the_weights_and_the_console_script(installed: Installed) 
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         parser = configparser.ConfigParser()
         parser.read_string(whl.read(entry_points).decode())
-    assert parser["console_scripts"]["rnnserve"].strip() == "service.cli:main"
+    assert parser["console_scripts"]["rnnserve"].strip() == "rnnserve.service.cli:main"
 
 
 def run_installed(installed: Installed, *cmd: str) -> subprocess.CompletedProcess[str]:

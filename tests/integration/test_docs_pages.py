@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-import models
-from models.smoothing import LinearRecursion
-from models.traveller import Traveller
+from rnnserve import models
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.models.traveller import Traveller
 from tests.integration.conftest import AppClient
 
 

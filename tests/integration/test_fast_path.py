@@ -1,6 +1,6 @@
 """The inference endpoints are served before FastAPI's middleware and routing
-(``service.routes.serve_inference``); FastAPI's own routes serve what the fast path declines.
-Both must answer the same bytes, status and headers."""
+(``rnnserve.service.http.routes.serve_inference``); FastAPI's own routes serve what the fast path
+declines. Both must answer the same bytes, status and headers."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.app import App, create_app
-from service.config import Settings
+from rnnserve.service.config import Settings
+from rnnserve.service.http.app import App, create_app
 
 pytestmark = pytest.mark.anyio
 

@@ -8,9 +8,9 @@ import gc
 
 import pytest
 
-from service.app import create_app
-from service.config import Settings
-from service.runtime import ModelRuntime
+from rnnserve.service.config import Settings
+from rnnserve.service.engine.runtime import ModelRuntime
+from rnnserve.service.http.app import create_app
 
 pytestmark = pytest.mark.anyio
 

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-import models
 from examples.gru_encoder import GRUEncoder, gru_cell_loop, make, make_packed
-from models import export
-from service import wire
+from rnnserve import models
+from rnnserve.models import export
 from tests.integration.conftest import AppClient
 
 
@@ -69,8 +68,8 @@ async def test_infer_answers_like_a_gru_cell_loop(
         flat = {"inputs": np.concatenate(xs), "lengths": np.array([4, 2], np.int64)}
         r = await client.post(
             "/models/gru_encoder/infer",
-            content=wire.encode_safetensors(flat, {}),
-            headers={"content-type": wire.SAFETENSORS, "accept": wire.SAFETENSORS},
+            content=bodies.encode_safetensors(flat, {}),
+            headers={"content-type": bodies.SAFETENSORS, "accept": bodies.SAFETENSORS},
         )
         assert r.status_code == 200, r.text
         from safetensors.numpy import load

@@ -1,4 +1,4 @@
-"""service/protocol.py under a real uvicorn server on a thread of this process, for both of
+"""service/http/protocol.py under a real uvicorn server on a thread of this process, for both of
 uvicorn's HTTP/1.1 parsers: the header timeout cuts off slow request heads only, never a slow
 answer or a slow body, on a connection's first request and on a kept-alive one. With httptools,
 a body the routes accept is read ahead without pausing, kept as the pieces that came and given
@@ -21,14 +21,14 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
 
-from service.metrics import Metrics
-from service.protocol import (
+from rnnserve.service.http.protocol import (
     H11HeaderTimeout,
     HttpToolsHeaderTimeout,
     _Body,
     app_state,
     read_ahead,
 )
+from rnnserve.service.metrics import Metrics
 from tests.e2e import rawhttp
 from tests.e2e.server import free_port
 

@@ -15,9 +15,9 @@ import orjson
 import pytest
 import torch
 
-from models.smoothing import LinearRecursion
-from models.traveller import Traveller
-from service.routes import ERROR_TYPES
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.models.traveller import Traveller
+from rnnserve.service.http.routes import ERROR_TYPES
 from tests.integration.conftest import AppClient
 from tests.metrics import value
 
@@ -56,7 +56,7 @@ async def test_a_poison_request_fails_alone_and_its_batch_mates_are_served(
         _poison_smoother(monkeypatch, RuntimeError("simulated kernel fault"))
         bodies = [_smooth(i + 1) for i in range(8)]
         bodies[5] = _smooth(6, POISON)
-        with caplog.at_level(logging.WARNING, logger="service.batching"):
+        with caplog.at_level(logging.WARNING, logger="rnnserve.service.engine.batcher"):
             rs = await asyncio.wait_for(
                 asyncio.gather(*(
                     client.post("/smooth", json=b, headers={"X-Request-Id": f"poison-test-{i}"})

@@ -1,4 +1,4 @@
-"""service/routes.py's helpers, from its (partial) mutation run: the JSON and buffer responses,
+"""service/http/routes.py's helpers, from its (partial) mutation run: the JSON and buffer responses,
 the documented request bodies, and which endpoint an unauthorized request is counted under.
 
 ``_body_spec`` runs while the module is imported (in the route decorators), before mutmut
@@ -20,12 +20,16 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from safetensors.numpy import save
 
-from service import routes, wire
-from service.batching import BatcherClosed, QueueFull
-from service.routes import BuffersResponse, InferRequest, json_response
-from service.runtime import NonFiniteInput
-from service.transport import EngineUnavailable
-from service.validation import RequestError
+from rnnserve.service.codec import bodies
+from rnnserve.service.http import routes
+from rnnserve.service.http.routes import BuffersResponse, InferRequest, json_response
+from rnnserve.service.interface import (
+    BatcherClosed,
+    EngineUnavailable,
+    NonFiniteInput,
+    QueueFull,
+    RequestError,
+)
 from tests.integration.conftest import AppClient
 from tests.metrics import value
 
@@ -50,7 +54,7 @@ def test_json_response_writes_numpy_arrays_and_keeps_headers() -> None:
 
 async def test_buffers_response_sends_its_parts_with_their_total_length() -> None:
     parts = [b"head", np.array([1, -2, 3], np.int8), memoryview(b"")]
-    response = BuffersResponse(parts, wire.SAFETENSORS)
+    response = BuffersResponse(parts, bodies.SAFETENSORS)
     assert response.headers["content-length"] == "7"
     messages = await _sent(response)
     start = messages[0]
@@ -59,9 +63,9 @@ async def test_buffers_response_sends_its_parts_with_their_total_length() -> Non
     headers = dict(start["headers"])
     assert headers[b"content-length"] == b"7"
     assert [k for k, _ in start["headers"]].count(b"content-length") == 1
-    assert headers[b"content-type"] == wire.SAFETENSORS.encode()
-    bodies = [bytes(m["body"]) for m in messages[1:]]
-    assert bodies == [b"head", bytes(np.array([1, -2, 3], np.int8)), b""]
+    assert headers[b"content-type"] == bodies.SAFETENSORS.encode()
+    sent = [bytes(m["body"]) for m in messages[1:]]
+    assert sent == [b"head", bytes(np.array([1, -2, 3], np.int8)), b""]
     assert [m["more_body"] for m in messages[1:]] == [True, True, False]
 
 
@@ -71,7 +75,7 @@ def test_body_spec_documents_json_and_safetensors_bodies() -> None:
             "required": True,
             "content": {
                 "application/json": {"schema": InferRequest.model_json_schema()},
-                wire.SAFETENSORS: {"schema": {"type": "string", "format": "binary"}},
+                bodies.SAFETENSORS: {"schema": {"type": "string", "format": "binary"}},
             },
         }
     }
@@ -305,7 +309,7 @@ async def test_wrong_kind_ragged_rows_and_a_nan_for_a_model_that_does_not_check(
         # rows of different widths: the fast path leaves the body to the precise parser
         ragged = await client.post("/smooth", json={"sequences": [[[0.5] * 16, [0.5] * 15]]})
         nan = await client.post(
-            "/rollout", content=binary, headers={"content-type": wire.SAFETENSORS}
+            "/rollout", content=binary, headers={"content-type": bodies.SAFETENSORS}
         )
     assert kind.status_code == 422
     assert kind.json() == {

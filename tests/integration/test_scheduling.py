@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import models
+from rnnserve import models
 from tests.integration.conftest import AppClient
 from tests.metrics import value
 from tests.references import seed_rollout

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-import service.cli
-from service.config import Settings
+import rnnserve.service.cli
+from rnnserve.service.config import Settings
 
 # The defaults users rely on; the host above all: loopback unless they opt in to 0.0.0.0.
 DEFAULTS: dict[str, Any] = {
@@ -69,9 +69,9 @@ def _run_main(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict[str, Any
     def fake_run(app: Any, **kwargs: Any) -> None:
         seen.update(kwargs, app=app)
 
-    monkeypatch.setattr(service.cli.uvicorn, "run", fake_run)
-    monkeypatch.setattr(service.cli.logging, "basicConfig", lambda **kw: None)
-    service.cli.main(argv)
+    monkeypatch.setattr(rnnserve.service.cli.uvicorn, "run", fake_run)
+    monkeypatch.setattr(rnnserve.service.cli.logging, "basicConfig", lambda **kw: None)
+    rnnserve.service.cli.main(argv)
     return seen
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from service.config import Settings
-from service.metrics import Metrics
+from rnnserve.service.config import Settings
+from rnnserve.service.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

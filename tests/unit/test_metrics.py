@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.metrics import Metrics
+from rnnserve.service.metrics import Metrics
 from tests.metrics import value
 
 

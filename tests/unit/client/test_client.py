@@ -1,8 +1,8 @@
 """rnnserve.client against the real app in-process, and against scripted failures.
 
-The real app (``service.app.create_app``, models loaded and warmed by its lifespan) runs once
-for the module on an event loop of its own thread, behind ``httpx.ASGITransport``; small bridge
-transports let both the sync :class:`Client` and the :class:`AsyncClient` (on the test's own
+The real app (``rnnserve.service.http.app.create_app``, models loaded and warmed by its lifespan)
+runs once for the module on an event loop of its own thread, behind ``httpx.ASGITransport``; small
+bridge transports let both the sync :class:`Client` and the :class:`AsyncClient` (on the test's own
 loop) call it. Failure cases (503 then success, 422, deadlines, broken streams) use
 ``httpx.MockTransport`` or a socket that never answers.
 """
@@ -23,8 +23,7 @@ import orjson
 import pytest
 import torch
 
-import models
-from models.packing import pack, unpack
+from rnnserve import models
 from rnnserve.client import (
     AsyncClient,
     BadRequest,
@@ -38,8 +37,9 @@ from rnnserve.client import (
     ServerError,
     _parse_retry_after,
 )
-from service.app import create_app
-from service.config import Settings
+from rnnserve.models.packing import pack, unpack
+from rnnserve.service.config import Settings
+from rnnserve.service.http.app import create_app
 
 URL = "http://rnnserve"
 SAFETENSORS = "application/x-safetensors"

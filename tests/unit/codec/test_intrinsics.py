@@ -1,4 +1,4 @@
-"""service/intrinsics.py through small compiled callers: each intrinsic against Python's own
+"""service/codec/intrinsics.py through small compiled callers: each intrinsic against Python's own
 arithmetic, at its edges (a zero word for the trailing-zero count, which the JSON reader's
 branch-free digit count relies on)."""
 
@@ -10,7 +10,7 @@ import numba
 import numpy as np
 import pytest
 
-from service.intrinsics import bit_length, load8, store8, trailing_zeros
+from rnnserve.service.codec.intrinsics import bit_length, load8, store8, trailing_zeros
 
 
 @numba.njit(cache=False)

@@ -15,15 +15,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from service import wire
-from service.validation import (
-    Limits,
-    RequestError,
-    RolloutRequest,
-    SmoothRequest,
-    parse_body,
-    to_arrays,
-)
+from rnnserve.service.codec import bodies
+from rnnserve.service.http.validation import RolloutRequest, SmoothRequest, parse_body, to_arrays
+from rnnserve.service.interface import Limits, RequestError
 
 LIMITS = Limits(256, 100_000, 1_000_000)
 WS = st.text(alphabet=" \t\r\n", max_size=3)
@@ -42,7 +36,7 @@ def precise(body: bytes, width: int, limits: Limits = LIMITS) -> Any:
 
 def fast(body: bytes, width: int, limits: Limits = LIMITS) -> Any:
     """What the fast path gives; None when it declines."""
-    decoded = wire.decode(body, None, "sequences", limits)
+    decoded = bodies.decode(body, None, "sequences", limits)
     if decoded is None:
         return None
     try:
@@ -103,7 +97,7 @@ def json_number(draw: st.DrawFn) -> str:
 @given(json_number())
 def test_numbers_parse_like_python_float(text: str) -> None:
     want = float(text)
-    got = wire.parse_float(text.encode())
+    got = bodies.parse_float(text.encode())
     assert struct.pack("<d", got) == struct.pack("<d", want) or (
         # an integer literal is an int to the precise path: -0 is 0
         "." not in text and "e" not in text.lower() and got == want == 0
@@ -122,7 +116,7 @@ def test_numbers_in_a_body_read_like_python_float(texts: list[str], sep: str) ->
     assume(np.isfinite(want).all())  # past float32's range: an error, tested apart
     rows = sep.join(f"[{t}]" for t in texts)
     body = f'{{"sequences": [[{rows}]]}}'.encode()
-    decoded = wire.decode(body, wire.JSON, "sequences", LIMITS)
+    decoded = bodies.decode(body, bodies.JSON, "sequences", LIMITS)
     if decoded is None:  # near or past float64's range: the precise path's, not this test's
         assert any(abs(float(t)) > 1e300 or "e" in t.lower() for t in texts)
         return
@@ -197,7 +191,7 @@ def test_every_count_of_fraction_digits(digits: int, suffix: str, space: str) ->
     for following in (0, 30):
         rows = ",".join([f"[{number}{space}]"] + ["[0.5]"] * following)
         body = f'{{"sequences": [[{rows}]]}}'.encode()
-        decoded = wire.decode(body, wire.JSON, "sequences", LIMITS)
+        decoded = bodies.decode(body, bodies.JSON, "sequences", LIMITS)
         if digits == 0:
             assert decoded is None
             continue
@@ -220,7 +214,7 @@ def test_every_count_of_fraction_digits(digits: int, suffix: str, space: str) ->
     ],
 )  # fmt: skip
 def test_hard_numbers(text: str) -> None:
-    got = wire.parse_float(text.encode())
+    got = bodies.parse_float(text.encode())
     want = float(text) if ("." in text or "e" in text) else float(int(text))
     assert struct.pack("<d", got) == struct.pack("<d", want)
 
@@ -310,13 +304,13 @@ ROW = "[1.5, 2]"
     ],
 )  # fmt: skip
 def test_off_the_happy_path_declines(body: bytes) -> None:
-    assert wire.decode(body, None, "sequences", LIMITS) is None
-    assert wire.decode(body, "application/json", "sequences", LIMITS) is None
+    assert bodies.decode(body, None, "sequences", LIMITS) is None
+    assert bodies.decode(body, "application/json", "sequences", LIMITS) is None
 
 
 def test_field_name_follows_the_endpoint() -> None:
     body = b'{"model": "traveller", "inputs": [[[1, 2, 3, 4, 5, 6]]]}'
-    decoded = wire.decode(body, None, "inputs", LIMITS)
+    decoded = bodies.decode(body, None, "inputs", LIMITS)
     assert decoded is not None
     assert decoded.model == "traveller"
     ref = to_arrays(parse_body(body, RolloutRequest, "inputs")[1], "inputs", 6, LIMITS, "t")
@@ -363,11 +357,11 @@ def test_encode_safetensors_is_read_by_the_library() -> None:
 
     data = np.arange(12, dtype=np.float32).reshape(6, 2)
     lengths = np.array([1, 5], np.int64)
-    raw = wire.encode_safetensors({"sequences": data, "lengths": lengths}, {"model": "m"})
+    raw = bodies.encode_safetensors({"sequences": data, "lengths": lengths}, {"model": "m"})
     loaded = load(raw)
     assert np.array_equal(loaded["sequences"], data)
     assert np.array_equal(loaded["lengths"], lengths)
-    decoded = wire.decode(raw, wire.SAFETENSORS, "sequences", LIMITS)
+    decoded = bodies.decode(raw, bodies.SAFETENSORS, "sequences", LIMITS)
     assert decoded is not None
     assert decoded.model == "m"
     assert np.array_equal(decoded.sequences(2, "m").data, data)
@@ -393,18 +387,18 @@ def test_encode_safetensors_is_read_by_the_library() -> None:
     ],
 )  # fmt: skip
 def test_accept_negotiation(accept: str | None, binary: bool) -> None:
-    assert wire.wants_safetensors(accept) is binary
+    assert bodies.wants_safetensors(accept) is binary
 
 
 def test_content_type() -> None:
-    assert wire.is_safetensors("application/x-safetensors")
-    assert wire.is_safetensors("Application/X-Safetensors; charset=binary")
-    assert not wire.is_safetensors("application/json")
-    assert not wire.is_safetensors(None)
+    assert bodies.is_safetensors("application/x-safetensors")
+    assert bodies.is_safetensors("Application/X-Safetensors; charset=binary")
+    assert not bodies.is_safetensors("application/json")
+    assert not bodies.is_safetensors(None)
 
 
 def test_first_non_finite_finds_the_first_nan_or_infinity() -> None:
-    from service.wire import _first_non_finite
+    from rnnserve.service.codec.bodies import _first_non_finite
 
     x = np.random.default_rng(3).standard_normal(20_000).astype(np.float32)
     assert _first_non_finite(x) == -1
@@ -421,7 +415,7 @@ def test_a_read_body_holds_only_its_numbers_and_finishing_copies_nothing() -> No
     where the body is read, on a codec thread for a large one; the model's checks on the event
     loop then copy nothing."""
     rows = ",".join(f"[{i}.5, -{i}.25]" for i in range(300))
-    decoded = wire.decode(f'{{"sequences": [[{rows}]]}}'.encode(), None, "sequences", LIMITS)
+    decoded = bodies.decode(f'{{"sequences": [[{rows}]]}}'.encode(), None, "sequences", LIMITS)
     assert decoded is not None
     first = decoded.sequences(2, "m").data
     assert first.shape == (300, 2)

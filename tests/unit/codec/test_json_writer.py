@@ -1,8 +1,9 @@
-"""service.jsonwrite writes the bytes orjson writes for the same response, byte for byte.
+"""rnnserve.service.codec.json_writer writes the bytes orjson writes for the same response, byte for
+byte.
 
-Every test compares with the call service.wire.encode makes (orjson, OPT_SERIALIZE_NUMPY, on
-the FlatSequences' per-sequence views). The exhaustive check over all 2**32 float32 bit
-patterns is scripts/check_jsonwrite.py (minutes); these are the fast ones.
+Every test compares with the call rnnserve.service.codec.bodies.encode makes (orjson,
+OPT_SERIALIZE_NUMPY, on the FlatSequences' per-sequence views). The exhaustive check over all 2**32
+float32 bit patterns is scripts/check_jsonwrite.py (minutes); these are the fast ones.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from models.packing import FlatSequences
-from service import jsonwrite
-from service.jsonwrite import floats_json, sequences_json
+from rnnserve.service.codec import json_writer
+from rnnserve.service.codec.json_writer import floats_json, sequences_json
+from rnnserve.service.interface import FlatSequences
 
 
 def reference(model: str, field: str, data: np.ndarray, lengths: np.ndarray) -> bytes:
@@ -213,7 +214,7 @@ def _floor_log2(x: Fraction) -> int:
 
 
 def test_the_power_of_ten_table_is_exact() -> None:
-    hi, lo = jsonwrite._cache_table()
+    hi, lo = json_writer._cache_table()
     assert hi.dtype == lo.dtype == np.int64
     assert len(hi) == len(lo) == 78
     for i, k in enumerate(range(-31, 47)):
@@ -237,7 +238,7 @@ def _shortest(value: np.float32) -> tuple[int, int]:
 @pytest.mark.parametrize("exponent", range(2, 255))
 def test_each_power_of_two_takes_its_shortest_decimal(exponent: int) -> None:
     value = f32_bits(exponent << 23)[0]  # a power of two: Dragonbox's shorter interval
-    sig, exp = jsonwrite._shorter_interval(exponent)
+    sig, exp = json_writer._shorter_interval(exponent)
     assert (sig, exp) == _shortest(value)
     assert np.float32(Fraction(sig) * Fraction(10) ** exp) == value
 
@@ -248,18 +249,18 @@ def _triple(x: int) -> int:
 
 def test_jit_options_and_its_fallback_without_a_cache_location() -> None:
     options = {"nogil": True, "boundscheck": False, "nopython": True}
-    cached = jsonwrite._jit(_triple)
+    cached = json_writer._jit(_triple)
     assert cached.targetoptions == options
     assert type(cached._cache).__name__ == "FunctionCache"  # this file can hold a cache
-    inlined = jsonwrite._jit(_triple, inline="always")
+    inlined = json_writer._jit(_triple, inline="always")
     assert inlined.targetoptions == {**options, "inline": "always"}
     scope: dict[str, Any] = {}
     exec("def plus_one(x):\n    return x + 1\n", scope)  # no file: numba cannot cache it
-    uncached = jsonwrite._jit(scope["plus_one"])
+    uncached = json_writer._jit(scope["plus_one"])
     assert uncached.targetoptions == options
     assert type(uncached._cache).__name__ == "NullCache"
     assert uncached(41) == 42
-    inlined_uncached = jsonwrite._jit(scope["plus_one"], inline="always")  # options kept
+    inlined_uncached = json_writer._jit(scope["plus_one"], inline="always")  # options kept
     assert inlined_uncached.targetoptions == {**options, "inline": "always"}
     assert type(inlined_uncached._cache).__name__ == "NullCache"
     assert cached(14) == 42
@@ -267,7 +268,7 @@ def test_jit_options_and_its_fallback_without_a_cache_location() -> None:
 
 def test_warm_up_runs_the_compiled_writer_not_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
-    real = jsonwrite._write_body
+    real = json_writer._write_body
 
     def spy(data: np.ndarray, lengths: np.ndarray, head: np.ndarray, buf: np.ndarray) -> int:
         calls.append((data.dtype, data.shape, lengths.dtype, lengths.tolist()))
@@ -277,9 +278,9 @@ def test_warm_up_runs_the_compiled_writer_not_the_fallback(monkeypatch: pytest.M
     def no_fallback(*args: Any) -> bytes:
         raise AssertionError("warm_up fell back to orjson: the compiled writer stayed cold")
 
-    monkeypatch.setattr(jsonwrite, "_write_body", spy)
-    monkeypatch.setattr(jsonwrite, "_orjson", no_fallback)
-    jsonwrite.warm_up()
+    monkeypatch.setattr(json_writer, "_write_body", spy)
+    monkeypatch.setattr(json_writer, "_orjson", no_fallback)
+    json_writer.warm_up()
     assert calls == [(np.float32, (2, 2), np.int64, [1, 1])]
 
 
@@ -325,70 +326,70 @@ def test_lengths_that_are_not_a_1d_integer_array_get_the_orjson_answer(lengths: 
 
 
 def test_a_header_is_kept_by_its_names_and_reused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jsonwrite, "_headers", {})
+    monkeypatch.setattr(json_writer, "_headers", {})
     data = np.array([[0.5]], np.float32)
     check(data, [1], model="a", field="b")
-    head = jsonwrite._headers["a", "b"]
+    head = json_writer._headers["a", "b"]
     assert head.tobytes() == b'{"model":"a","b":['
     check(data, [1], model="a", field="b")
-    assert jsonwrite._headers == {("a", "b"): head}
-    assert jsonwrite._headers["a", "b"] is head  # the same header, not a new one
+    assert json_writer._headers == {("a", "b"): head}
+    assert json_writer._headers["a", "b"] is head  # the same header, not a new one
 
 
 def test_a_model_that_is_not_a_string_is_written_but_not_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(jsonwrite, "_headers", {})
+    monkeypatch.setattr(json_writer, "_headers", {})
     data = np.array([[0.5]], np.float32)
     lengths = np.array([1])
     # 1, True and 1.0 are equal keys, written differently; lists and dicts are not hashable
     for model in (1, True, 1.0, None, [1, 2], {"k": "v"}):
         got = sequences_json(model, "s", data, lengths)  # type: ignore[arg-type]
         assert got == reference(model, "s", data, lengths)  # type: ignore[arg-type]
-    assert jsonwrite._headers == {}
+    assert json_writer._headers == {}
 
 
 def test_the_header_cache_is_cleared_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jsonwrite, "_headers", {})
+    monkeypatch.setattr(json_writer, "_headers", {})
     data = np.array([[0.5]], np.float32)
     lengths = np.array([1])
-    for i in range(jsonwrite._HEADERS_MAX + 1):
+    for i in range(json_writer._HEADERS_MAX + 1):
         sequences_json(f"m{i}", "s", data, lengths)
-        assert len(jsonwrite._headers) == i % jsonwrite._HEADERS_MAX + 1
-    check(data, [1], model=f"m{jsonwrite._HEADERS_MAX}", field="s")
+        assert len(json_writer._headers) == i % json_writer._HEADERS_MAX + 1
+    check(data, [1], model=f"m{json_writer._HEADERS_MAX}", field="s")
 
 
 def test_each_thread_keeps_its_own_buffer() -> None:
     data = np.array([[0.5, -0.25]], np.float32)
     check(data, [1])
-    buf = jsonwrite._scratch.buf
-    assert buf.shape == (jsonwrite._SCRATCH_MAX,)
+    buf = json_writer._scratch.buf
+    assert buf.shape == (json_writer._SCRATCH_MAX,)
     check(data, [1])
-    assert jsonwrite._scratch.buf is buf
+    assert json_writer._scratch.buf is buf
     theirs: list[Any] = []
 
     def other() -> None:
         check(data, [1])
-        theirs.append(jsonwrite._scratch.buf)
+        theirs.append(json_writer._scratch.buf)
 
     thread = threading.Thread(target=other)
     thread.start()
     thread.join()
     assert len(theirs) == 1
     assert theirs[0] is not buf
-    assert jsonwrite._scratch.buf is buf
+    assert json_writer._scratch.buf is buf
 
 
 def write_in_a_guarded_thread(bodies: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
     """sequences_json("m", "sequences", data, lengths) for each body, in a new thread whose
     buffer is followed by guard bytes, which must be left as they were."""
-    limit = jsonwrite._SCRATCH_MAX
+    limit = json_writer._SCRATCH_MAX
     got: list[bytes] = []
     guard: list[np.ndarray] = []
 
     def write() -> None:
         guarded = np.full(limit + 4096, 0xA5, np.uint8)
-        jsonwrite._scratch.buf = guarded[:limit]
+        json_writer._scratch.buf = guarded[:limit]
         for data, lengths in bodies:
             got.append(sequences_json("m", "sequences", data, lengths))
         guard.append(guarded[limit:])
@@ -402,17 +403,17 @@ def write_in_a_guarded_thread(bodies: list[tuple[np.ndarray, np.ndarray]]) -> li
 
 
 def test_a_body_of_the_longest_numbers_just_over_the_thread_buffer() -> None:
-    rows = jsonwrite._SCRATCH_MAX // (16 * 17 + 2) + 1  # rows of 16 numbers of 16 characters
+    rows = json_writer._SCRATCH_MAX // (16 * 17 + 2) + 1  # rows of 16 numbers of 16 characters
     data = np.resize(LONG, (rows, 16))
     (got,) = write_in_a_guarded_thread([(data, np.array([rows]))])
     assert got == reference("m", "sequences", data, np.array([rows]))
-    assert jsonwrite._SCRATCH_MAX < len(got) < jsonwrite._SCRATCH_MAX + 1000
+    assert json_writer._SCRATCH_MAX < len(got) < json_writer._SCRATCH_MAX + 1000
 
 
 def test_bodies_of_empty_sequences_at_the_edge_of_the_thread_buffer() -> None:
     # empty sequences ("[]," each) make the densest bodies for the room asked: bodies from just
     # under to just over _SCRATCH_MAX bytes
-    limit = jsonwrite._SCRATCH_MAX
+    limit = json_writer._SCRATCH_MAX
     data = np.empty((0, 2), np.float32)
     head = len(orjson.dumps({"model": "m", "sequences": []})) - 2  # {"model":"m","sequences":[
     first = (limit - 36 - head) // 3

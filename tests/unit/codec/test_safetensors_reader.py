@@ -1,7 +1,8 @@
 """The safetensors decoder's refusals, word for word, and where its arrays live.
 
-Written from the mutation run of service/wire.py (scripts/mutation.sh service/wire.py): each
-case pins a message, a location or a copy that some surviving mutant changed.
+Written from the mutation run of service/codec/bodies.py (scripts/mutation.sh
+service/codec/bodies.py): each case pins a message, a location or a copy that some surviving mutant
+changed.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import orjson
 import pytest
 from safetensors.numpy import save
 
-from service import wire
-from service.validation import Limits, RequestError
+from rnnserve.service.codec import bodies
+from rnnserve.service.interface import Limits, RequestError
 
 LIMITS = Limits(256, 100_000, 1_000_000)
 NOT_ST = "body is not a safetensors file: "
@@ -32,7 +33,7 @@ def _raw(header: dict[str, Any], data: bytes = b"", start_mod8: int | None = Non
 
 
 def _decode(body: bytes, width: int, limits: Limits) -> None:
-    decoded = wire.decode(body, wire.SAFETENSORS, "sequences", limits)
+    decoded = bodies.decode(body, bodies.SAFETENSORS, "sequences", limits)
     assert decoded is not None
     decoded.sequences(width, "m")
 
@@ -103,7 +104,7 @@ def test_aligned_tensors_are_views_of_the_body_and_unaligned_ones_aligned_copies
     lengths = np.array([1, 1], np.int64)
     # the library's layout: header padded to 8 bytes, data then lengths (both aligned)
     body = save({"sequences": GOOD, "lengths": lengths})
-    decoded = wire.decode(body, wire.SAFETENSORS, "sequences", LIMITS)
+    decoded = bodies.decode(body, bodies.SAFETENSORS, "sequences", LIMITS)
     assert decoded is not None
     seqs = decoded.sequences(3, "m")
     whole = np.frombuffer(body, np.uint8)
@@ -119,7 +120,7 @@ def test_aligned_tensors_are_views_of_the_body_and_unaligned_ones_aligned_copies
     }
     body = _raw(header, b"\xee\xee" + lengths.tobytes() + GOOD.tobytes(), start_mod8=2)
     assert (len(body) - 42) % 8 == 2
-    decoded = wire.decode(body, wire.SAFETENSORS, "sequences", LIMITS)
+    decoded = bodies.decode(body, bodies.SAFETENSORS, "sequences", LIMITS)
     assert decoded is not None
     seqs = decoded.sequences(3, "m")
     whole = np.frombuffer(body, np.uint8)
@@ -189,7 +190,7 @@ def test_body_refusals_word_for_word(
 
 def test_a_body_exactly_at_every_limit_is_accepted() -> None:
     data = np.arange(18, dtype=np.float32).reshape(6, 3)
-    decoded = wire.decode(_st(data, [4, 1, 1]), wire.SAFETENSORS, "sequences", SMALL)
+    decoded = bodies.decode(_st(data, [4, 1, 1]), bodies.SAFETENSORS, "sequences", SMALL)
     assert decoded is not None
     seqs = decoded.sequences(3, "m")
     assert np.array_equal(seqs.data, data)
@@ -200,11 +201,11 @@ def test_power_of_five_table_is_lemires() -> None:
     # the module computes it once at import; called here, each entry is checked against the
     # definition: the leading 128 bits of 5**q (q >= 0); for q < 0 the reciprocal, rounded up
     # from 128 bits (q >= -27) or taken from 2z + 128 bits, plus one, then truncated
-    hi, lo = wire._power_of_five_table()
+    hi, lo = bodies._power_of_five_table()
     assert hi.dtype == lo.dtype == np.uint64
     assert len(hi) == len(lo) == 651
-    assert np.array_equal(hi, wire._P5_HI)
-    assert np.array_equal(lo, wire._P5_LO)
+    assert np.array_equal(hi, bodies._P5_HI)
+    assert np.array_equal(lo, bodies._P5_LO)
     table = [(int(h) << 64) | int(v) for h, v in zip(hi, lo, strict=True)]
     for i, c in enumerate(table):
         q = i - 342
@@ -235,12 +236,12 @@ def _double(x: int) -> int:
 def test_jit_options_and_its_fallback_without_a_cache_location() -> None:
     # _jit runs at import, before a mutant is chosen: called here so that its own code is judged
     options = {"nogil": True, "boundscheck": False, "error_model": "numpy", "nopython": True}
-    cached = wire._jit(_double, error_model="numpy")
+    cached = bodies._jit(_double, error_model="numpy")
     assert cached.targetoptions == options
     assert type(cached._cache).__name__ == "FunctionCache"  # this file can hold a cache
     scope: dict[str, Any] = {}
     exec("def plus_one(x):\n    return x + 1\n", scope)  # no file: numba cannot cache it
-    uncached = wire._jit(scope["plus_one"], error_model="numpy")
+    uncached = bodies._jit(scope["plus_one"], error_model="numpy")
     assert uncached.targetoptions == options
     assert type(uncached._cache).__name__ == "NullCache"
     assert uncached(41) == 42
@@ -249,26 +250,26 @@ def test_jit_options_and_its_fallback_without_a_cache_location() -> None:
 def test_warm_up_says_when_the_fast_path_refuses_its_own_body(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    wire.warm_up()  # the real fast path takes both bodies
-    monkeypatch.setattr(wire, "decode", lambda *args: None)
+    bodies.warm_up()  # the real fast path takes both bodies
+    monkeypatch.setattr(bodies, "decode", lambda *args: None)
     with pytest.raises(RuntimeError) as err:
-        wire.warm_up()
+        bodies.warm_up()
     assert str(err.value) == "the JSON fast path refused its own warm-up body"
 
 
 def test_encode_both_formats() -> None:
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.full((1, 3), -0.5, np.float32)
-    assert orjson.loads(wire.encode("m", "positions", [a, b], binary=False)) == {
+    assert orjson.loads(bodies.encode("m", "positions", [a, b], binary=False)) == {
         "model": "m",
         "positions": [a.tolist(), b.tolist()],
     }
-    body = wire.encode("m", "sequences", [a, b], binary=True)
-    assert body == wire.encode_safetensors(
+    body = bodies.encode("m", "sequences", [a, b], binary=True)
+    assert body == bodies.encode_safetensors(
         {"sequences": np.concatenate([a, b]), "lengths": np.array([2, 1], np.int64)},
         {"model": "m"},
     )
-    decoded = wire.decode(body, wire.SAFETENSORS, "sequences", LIMITS)
+    decoded = bodies.decode(body, bodies.SAFETENSORS, "sequences", LIMITS)
     assert decoded is not None
     assert decoded.model == "m"
     seqs = decoded.sequences(3, "m")
@@ -279,7 +280,7 @@ def test_encode_both_formats() -> None:
 def test_parse_float_refuses_what_is_not_one_json_number() -> None:
     for text in (b"1x", b"", b"01", b"1.", b"--1"):
         with pytest.raises(ValueError, match=r"^not a JSON number: ") as err:
-            wire.parse_float(text)
+            bodies.parse_float(text)
         assert str(err.value) == f"not a JSON number: {text!r}"
 
 
@@ -291,7 +292,7 @@ def test_safetensors_parts_any_number_of_tensors_aligned_and_not_copied() -> Non
         "b": np.arange(4, dtype=np.int64).reshape(2, 2),
         "c": np.full((2, 3), 0.25, np.float32),
     }
-    parts = wire.safetensors_parts(tensors, {"model": "m"})
+    parts = bodies.safetensors_parts(tensors, {"model": "m"})
     raw = b"".join(parts)
     (size,) = struct.unpack_from("<Q", raw)
     assert size % 8 == 0  # the data starts 8-byte aligned
@@ -309,19 +310,19 @@ def test_safetensors_parts_any_number_of_tensors_aligned_and_not_copied() -> Non
 
 
 def test_encode_parts_sends_flat_outputs_in_place() -> None:
-    from models.packing import FlatSequences
+    from rnnserve.service.interface import FlatSequences
 
     flat = FlatSequences(np.arange(9, dtype=np.float32).reshape(3, 3), np.array([2, 1]))
-    parts = wire.encode_parts("m", "sequences", flat)
+    parts = bodies.encode_parts("m", "sequences", flat)
     assert np.shares_memory(np.frombuffer(parts[2], np.uint8), flat.data)
     assert np.shares_memory(np.frombuffer(parts[3], np.uint8), flat.lengths)
-    assert b"".join(parts) == wire.encode("m", "sequences", list(flat), binary=True)
+    assert b"".join(parts) == bodies.encode("m", "sequences", list(flat), binary=True)
 
 
 def test_non_finite_error_without_a_place_says_which_field() -> None:
-    from models.packing import FlatSequences
+    from rnnserve.service.interface import FlatSequences
 
-    err = wire.non_finite_error(FlatSequences(np.ones((3, 2), np.float32), np.array([3])), "xs")
+    err = bodies.non_finite_error(FlatSequences(np.ones((3, 2), np.float32), np.array([3])), "xs")
     assert (err.status, err.type, err.message, err.loc) == (
         422, "non_finite", "'xs' holds a value that is not finite", ("xs",)
     )  # fmt: skip
@@ -330,35 +331,35 @@ def test_non_finite_error_without_a_place_says_which_field() -> None:
 def test_json_runs_again_with_room_for_every_slow_number(monkeypatch: pytest.MonkeyPatch) -> None:
     # numbers of more than 19 significant digits are left to float(); the first pass has room
     # for 64 of them; with more it stops short and runs again with room for every number
-    real, rooms = wire._scan, []
+    real, rooms = bodies._scan, []
 
     def recording(buf: Any, key: Any, max_len: int, out: Any, data: Any, lengths: Any,
                   slow: Any, *rest: Any) -> None:  # fmt: skip
-        rooms.append((len(slow), int(out[wire._OK])))
+        rooms.append((len(slow), int(out[bodies._OK])))
         real(buf, key, max_len, out, data, lengths, slow, *rest)
-        rooms[-1] = (len(slow), int(out[wire._OK]))
+        rooms[-1] = (len(slow), int(out[bodies._OK]))
 
-    monkeypatch.setattr(wire, "_scan", recording)
+    monkeypatch.setattr(bodies, "_scan", recording)
     longs = [f"0.{i:03d}" + "1" * 22 for i in range(70)]  # 70 numbers of 25 digits
     rows = ", ".join(f"[1.5, {x}]" for x in longs)
     body = f'{{"sequences": [[{rows}], [[5, 6]]]}}'.encode()
-    decoded = wire.decode(body, None, "sequences", LIMITS)
+    decoded = bodies.decode(body, None, "sequences", LIMITS)
     assert decoded is not None
     seqs = decoded.sequences(2, "m")
     want = [[1.5, float(x)] for x in longs] + [[5, 6]]
     assert seqs.data.tolist() == np.array(want, np.float32).tolist()
     assert seqs.lengths.tolist() == [70, 1]
-    assert rooms == [(64, wire._SHORT_OF_ROOM), (len(body) // 2 + 1, 1)]
+    assert rooms == [(64, bodies._SHORT_OF_ROOM), (len(body) // 2 + 1, 1)]
     rooms.clear()
     few = f'{{"sequences": [[{", ".join(f"[1.5, {x}]" for x in longs[:64])}]]}}'.encode()
-    assert wire.decode(few, None, "sequences", LIMITS) is not None
+    assert bodies.decode(few, None, "sequences", LIMITS) is not None
     assert rooms == [(64, 1)]  # 64 fit: one pass
 
 
 def test_a_long_json_number_past_float32_is_refused_without_a_warning() -> None:
     big = "1" + "0" * 39 + ".5"  # 1e39, with more digits than the compiled parser takes
     body = f'{{"sequences": [[[1, 2], [3, {big}]]]}}'.encode()
-    decoded = wire.decode(body, None, "sequences", LIMITS)
+    decoded = bodies.decode(body, None, "sequences", LIMITS)
     assert decoded is not None  # the fast path takes it
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # numpy's overflow warning would be an error here
@@ -375,7 +376,7 @@ def test_a_long_json_number_past_float32_is_refused_without_a_warning() -> None:
 
 
 def _json_fast(body: bytes, limits: Limits, width: int = 1) -> Any:
-    decoded = wire.decode(body, "application/json", "sequences", limits)
+    decoded = bodies.decode(body, "application/json", "sequences", limits)
     assert decoded is not None, "the fast path declined the body"
     return decoded.sequences(width, "m")
 

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.packing import pack
-from service.stepping import ChunkedRollout
+from rnnserve.models.packing import pack
+from rnnserve.service.engine.chunked_rollout import ChunkedRollout
 from tests.references import bent_model
 
 CPU = torch.device("cpu")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from service.batching import BatcherClosed, QueueFull
-from service.scheduler import ChunkOutcome, ContinuousBatcher
+from rnnserve.service.engine.continuous import ChunkOutcome, ContinuousBatcher
+from rnnserve.service.interface import BatcherClosed, QueueFull
 
 
 class FakeEngine:

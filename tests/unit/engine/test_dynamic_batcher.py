@@ -8,17 +8,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from service.batching import (
-    BatcherClosed,
+from rnnserve.service.engine.batcher import (
     DynamicBatcher,
     HandlerResultMismatch,
     ItemError,
-    QueueFull,
     TimedResults,
-    mark_logged,
     request_ids,
-    was_logged,
 )
+from rnnserve.service.interface import BatcherClosed, QueueFull, mark_logged, was_logged
 
 
 class Recorder:

@@ -8,14 +8,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from service.batching import (
-    REQUEST_ID,
-    DynamicBatcher,
-    TimedResults,
-    failure_reason,
-    is_out_of_memory,
-)
-from service.scheduler import ChunkOutcome, ContinuousBatcher
+from rnnserve.service.engine.batcher import DynamicBatcher, TimedResults, failure_reason
+from rnnserve.service.engine.continuous import ChunkOutcome, ContinuousBatcher
+from rnnserve.service.interface import REQUEST_ID, is_out_of_memory
 
 POISON = -1
 
@@ -127,7 +122,7 @@ async def test_a_failure_is_logged_with_the_request_ids(caplog: pytest.LogCaptur
         max_batch_size=2, max_delay_s=0.05, max_split_depth=2, name="m",
     )  # fmt: skip
     b.start()
-    with caplog.at_level(logging.WARNING, logger="service.batching"):
+    with caplog.at_level(logging.WARNING, logger="rnnserve.service.engine.batcher"):
         await _submit_all(b, [7, POISON])
     split, failed = (r.getMessage() for r in caplog.records)
     assert "retrying each half apart" in split

@@ -11,9 +11,9 @@ import logging
 
 import pytest
 
-from models.smoothing import LinearRecursion
-from service.config import Settings
-from service.runtime import ModelRuntime
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.service.config import Settings
+from rnnserve.service.engine.runtime import ModelRuntime
 
 
 async def test_start_up_warms_each_smoother_up_to_the_longest_sequence(
@@ -27,7 +27,7 @@ async def test_start_up_warms_each_smoother_up_to_the_longest_sequence(
 
     monkeypatch.setattr(LinearRecursion, "warm_up", warm_up)
     runtime = ModelRuntime(Settings(max_delay_ms=1.0, max_sequence_length=1234))
-    with caplog.at_level(logging.INFO, logger="service.runtime"):
+    with caplog.at_level(logging.INFO, logger="rnnserve.service.engine.runtime"):
         await runtime.start()
     try:
         assert asked == [(16, 1234)]  # the default smoother only; the Traveller has its own
@@ -43,7 +43,7 @@ async def test_nothing_is_logged_when_nothing_was_compiled(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     runtime = ModelRuntime(Settings(max_delay_ms=1.0))
-    with caplog.at_level(logging.INFO, logger="service.runtime"):
+    with caplog.at_level(logging.INFO, logger="rnnserve.service.engine.runtime"):
         await runtime.start()
     try:
         assert not any("tile plans" in r.getMessage() for r in caplog.records)

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from models.packing import FlatSequences
-from service import wire
-from service.validation import Limits, RequestError
+from rnnserve.service.codec import bodies
+from rnnserve.service.interface import FlatSequences, Limits, RequestError
 
 LIMITS = Limits(256, 100_000, 1_000_000)
 
@@ -20,7 +19,7 @@ def _body(data: np.ndarray, lengths: list[int]) -> bytes:
 def test_a_binary_body_left_unchecked_keeps_its_values_and_a_checked_one_is_refused() -> None:
     data = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)
     data[3, 2] = np.inf
-    decoded = wire.decode(_body(data, [2, 3]), wire.SAFETENSORS, "sequences", LIMITS)
+    decoded = bodies.decode(_body(data, [2, 3]), bodies.SAFETENSORS, "sequences", LIMITS)
     assert decoded is not None
     seqs = decoded.sequences(3, "m", check_finite=False)
     np.testing.assert_array_equal(seqs.data, data)
@@ -35,7 +34,7 @@ def test_a_binary_body_left_unchecked_keeps_its_values_and_a_checked_one_is_refu
 
 
 def test_json_bodies_are_checked_whatever_the_caller_asks() -> None:
-    decoded = wire.decode(b'{"sequences": [[[1, 2]], [[1e39, 0]]]}', None, "sequences", LIMITS)
+    decoded = bodies.decode(b'{"sequences": [[[1, 2]], [[1e39, 0]]]}', None, "sequences", LIMITS)
     assert decoded is not None
     with pytest.raises(RequestError) as err:
         decoded.sequences(2, "m", check_finite=False)
@@ -50,7 +49,7 @@ def test_non_finite_error_names_the_first_bad_value(where: tuple[int, int], loc:
     data = np.ones((9, 2), np.float32)
     data[where] = np.nan
     data[8, 0] = -np.inf if where != (8, 1) else 1.0  # a later one does not matter
-    err = wire.non_finite_error(FlatSequences(data, np.array([2, 6, 1])), "s")
+    err = bodies.non_finite_error(FlatSequences(data, np.array([2, 6, 1])), "s")
     assert (err.status, err.type, err.loc) == (422, "non_finite", loc)
     assert err.message == f"sequence {loc[1]}, step {loc[2]}, feature {loc[3]}: " + (
         "value is not a finite number"
@@ -58,5 +57,5 @@ def test_non_finite_error_names_the_first_bad_value(where: tuple[int, int], loc:
 
 
 def test_non_finite_error_without_a_bad_value_still_refuses_the_request() -> None:
-    err = wire.non_finite_error(FlatSequences(np.ones((3, 2), np.float32), np.array([3])), "s")
+    err = bodies.non_finite_error(FlatSequences(np.ones((3, 2), np.float32), np.array([3])), "s")
     assert (err.status, err.type, err.loc) == (422, "non_finite", ("s",))

@@ -1,4 +1,5 @@
-"""The streamed rollout's lines, metrics and clean-up (service.routes._ndjson), driven directly.
+"""The streamed rollout's lines, metrics and clean-up (rnnserve.service.http.routes._ndjson), driven
+directly.
 
 The integration tests (tests/integration/test_streaming.py) stream real rollouts; these feed
 the generator pieces by hand, so that each way a stream ends (done, deadline, failure, client
@@ -22,10 +23,9 @@ import pytest
 from prometheus_client import Gauge
 from starlette.requests import Request
 
-from service import routes
-from service.batching import REQUEST_ID, mark_logged
-from service.metrics import Metrics
-from service.stepping import Piece
+from rnnserve.service.http import routes
+from rnnserve.service.interface import REQUEST_ID, Piece, mark_logged
+from rnnserve.service.metrics import Metrics
 
 ENDPOINT, MODEL = "rollout", "traveller"
 

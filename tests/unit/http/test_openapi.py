@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-import service.cli
-from service import defaults, openapi
-from service.app import create_app
-from service.config import Settings, package_version, unknown_environment
-from service.logs import THIRD_PARTY, configure_logging, model_line
-from service.routes import ERROR_TYPES
-from service.runtime import StartupError
-from service.validation import RequestError
+import rnnserve.service.cli
+from rnnserve.service.config import Settings, package_version, unknown_environment
+from rnnserve.service.engine.runtime import StartupError
+from rnnserve.service.http import defaults, openapi
+from rnnserve.service.http.app import create_app
+from rnnserve.service.http.routes import ERROR_TYPES
+from rnnserve.service.interface import RequestError
+from rnnserve.service.logs import THIRD_PARTY, configure_logging, model_line
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
 
 
 @dataclass
@@ -162,11 +162,11 @@ def test_default_model_rules() -> None:
 
 def test_a_configured_default_must_be_served_and_of_its_kind() -> None:
     names = ["smoother", "traveller"]
-    service.cli.check_defaults(Settings(default_smoother="smoother"), names)
+    rnnserve.service.cli.check_defaults(Settings(default_smoother="smoother"), names)
     with pytest.raises(StartupError, match="--default-smoother nope: no such"):
-        service.cli.check_defaults(Settings(default_smoother="nope"), names)
+        rnnserve.service.cli.check_defaults(Settings(default_smoother="nope"), names)
     with pytest.raises(StartupError, match="is a traveller model, not a smooth"):
-        service.cli.check_defaults(Settings(default_smoother="traveller"), names)
+        rnnserve.service.cli.check_defaults(Settings(default_smoother="traveller"), names)
 
 
 # -- settings, CLI, logging -------------------------------------------------------------------
@@ -193,11 +193,11 @@ def test_unknown_environment_variables_name_the_closest_setting() -> None:
 
 def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as code:
-        service.cli.parse_settings(["--version"])
+        rnnserve.service.cli.parse_settings(["--version"])
     assert code.value.code == 0
     assert capsys.readouterr().out.strip() == f"rnnserve {package_version()}"
     with pytest.raises(SystemExit):
-        service.cli.parse_settings(["--help"])
+        rnnserve.service.cli.parse_settings(["--help"])
     text = capsys.readouterr().out
     assert "--model-dir Path" in text
     assert "--default-smoother" in text
@@ -208,7 +208,7 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     # one default per option
     for block in re.split(r"\n  (?=--)", text):
         assert block.count("(default:") <= 1, block
-    assert service.cli.parse_settings(["--port", "9"]).port == 9
+    assert rnnserve.service.cli.parse_settings(["--port", "9"]).port == 9
 
 
 def test_third_party_debug_logs_stay_quiet(monkeypatch: pytest.MonkeyPatch) -> None:

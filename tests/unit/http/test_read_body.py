@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from starlette.requests import Request
 
-from service import routes
-from service.validation import RequestError
+from rnnserve.service.http import routes
+from rnnserve.service.interface import RequestError
 
 
 def _request(pieces: list[bytes], declared: int | None, limit: int = 1 << 30) -> Request:

@@ -8,14 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from service.validation import (
-    Limits,
-    RequestError,
-    RolloutRequest,
-    SmoothRequest,
-    parse_body,
-    to_arrays,
-)
+from rnnserve.service.http.validation import RolloutRequest, SmoothRequest, parse_body, to_arrays
+from rnnserve.service.interface import Limits, RequestError
 
 LIMITS = Limits(max_sequences=3, max_sequence_length=4, max_timesteps=6)
 

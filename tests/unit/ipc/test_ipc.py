@@ -19,23 +19,30 @@ import httpx
 import numpy as np
 import pytest
 
-from models.packing import FlatSequences
-from service.app import create_app
-from service.batching import REQUEST_ID, BatcherClosed, QueueFull, mark_logged, was_logged
-from service.cli import settings_environment
-from service.config import Settings
-from service.runtime import ModelRuntime, StreamingUnavailable, UnknownModel
-from service.stepping import Piece
-from service.transport import (
+from rnnserve.service.cli import settings_environment
+from rnnserve.service.config import Settings
+from rnnserve.service.engine.runtime import ModelRuntime
+from rnnserve.service.http.app import create_app
+from rnnserve.service.interface import (
+    REQUEST_ID,
+    BatcherClosed,
+    EngineUnavailable,
+    FlatSequences,
+    Piece,
+    QueueFull,
+    StreamingUnavailable,
+    UnknownModel,
+    mark_logged,
+    was_logged,
+)
+from rnnserve.service.ipc.engine_side import EngineServer
+from rnnserve.service.ipc.frames import (
     HEADER,
     PREFIX,
     EngineError,
-    EngineServer,
-    EngineUnavailable,
     Frame,
     FrameError,
     Op,
-    RemoteRuntime,
     decode,
     error_frame,
     frame_error,
@@ -44,6 +51,7 @@ from service.transport import (
     request_frame,
     request_of,
 )
+from rnnserve.service.ipc.worker_side import RemoteRuntime
 
 # -- frames ------------------------------------------------------------------------------------
 

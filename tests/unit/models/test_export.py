@@ -1,4 +1,5 @@
-"""``python -m models.export``: a user's checkpoint or module in, a checked safetensors file out."""
+"""``rnnserve export``: a user's checkpoint or module in, a checked safetensors
+file out."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-import models
 from examples.gru_encoder import GRUEncoder, gru_cell_loop, make
-from models import export
-from models.packing import pack, unpack
-from models.recurrent import RecurrentModel
+from rnnserve import models
+from rnnserve.models import export
+from rnnserve.models.packing import pack, unpack
+from rnnserve.models.recurrent import RecurrentModel
 
 
 class Tagger(nn.Module):
@@ -156,7 +157,7 @@ def test_a_failed_check_exits_1_and_writes_nothing(
         "--out-dir", str(tmp_path / "m"), "--tolerance", "-1",
     )  # fmt: skip
     assert code == 1
-    assert err.startswith("models.export: check failed: sequence 0")
+    assert err.startswith("rnnserve.models.export: check failed: sequence 0")
     assert err.count("\n") == 1
     assert list((tmp_path / "m").iterdir()) == []
 
@@ -164,7 +165,8 @@ def test_a_failed_check_exits_1_and_writes_nothing(
 def test_the_command_line(tmp_path: Path) -> None:
     torch.save(GRUEncoder(3, 8, 2).state_dict(), tmp_path / "enc.pt")
     done = subprocess.run(
-        [sys.executable, "-m", "models.export", "--checkpoint", str(tmp_path / "enc.pt"),
+        [str(Path(sys.executable).with_name("rnnserve")), "export",
+         "--checkpoint", str(tmp_path / "enc.pt"),
          "--name", "e", "--out-dir", str(tmp_path / "m"), "--hidden-size", "9"],
         capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip

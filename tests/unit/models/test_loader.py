@@ -12,13 +12,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import models
-from models import torchscript
-from models.packing import pack
-from models.recurrent import RecurrentConfig, RecurrentModel
-from models.traveller import Traveller
+from rnnserve import models
+from rnnserve.models import torchscript
+from rnnserve.models.packing import pack
+from rnnserve.models.recurrent import RecurrentConfig, RecurrentModel
+from rnnserve.models.traveller import Traveller
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_bundled_models() -> None:
@@ -352,5 +352,5 @@ def test_torchscript_files_are_refused_unless_trusted(tmp_path: Path) -> None:
         models.save(model, tmp_path / "x.safetensors")
     assert str(terr.value) == (
         "a TorchScript model is code, not a safetensors file: write it with "
-        "python -m models.export --torchscript (models.torchscript.save)"
+        "rnnserve export --torchscript (rnnserve.models.torchscript.save)"
     )

@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.utils.rnn import pack_sequence, unpack_sequence
 
-from models import packing
-from models.packing import FlatSequences, pack, pack_flat, plan, unpack, unpack_flat
+from rnnserve.models import packing
+from rnnserve.models.packing import pack, pack_flat, plan, unpack, unpack_flat
+from rnnserve.service.interface import FlatSequences
 
 LENGTHS = st.lists(st.integers(1, 12), min_size=1, max_size=12)
 

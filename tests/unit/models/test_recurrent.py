@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import models
-from models.packing import pack, unpack
-from models.recurrent import ACTIVATIONS, RecurrentConfig, RecurrentModel
+from rnnserve import models
+from rnnserve.models.packing import pack, unpack
+from rnnserve.models.recurrent import ACTIVATIONS, RecurrentConfig, RecurrentModel
 
 LENGTHS = (5, 1, 9, 3, 9)
 

@@ -11,21 +11,21 @@ import os
 import pytest
 import torch
 
-from models.packing import pack, unpack
-from models.traveller import RolloutState, Traveller
+from rnnserve.models.packing import pack, unpack
+from rnnserve.models.traveller import RolloutState, Traveller
 from tests.references import bent_model, seed_rollout
 
 
 def available_backends() -> list[str]:
     names = ["eager", "torchscript"]
     try:
-        import models.kernels.rollout_cpu
+        import rnnserve.models.kernels.rollout_cpu
     except ImportError:
         pass
     else:
         names.append("numba")
     try:
-        import models.kernels.rollout_triton  # noqa: F401
+        import rnnserve.models.kernels.rollout_triton  # noqa: F401
     except ImportError:
         pass
     else:

@@ -17,10 +17,10 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
-import models.kernels.smoother_triton as triton_mod
-import models.smoothing
-from models.packing import pack, unpack
-from models.smoothing import LinearRecursion
+import rnnserve.models.kernels.smoother_triton as triton_mod
+import rnnserve.models.smoothing
+from rnnserve.models.packing import pack, unpack
+from rnnserve.models.smoothing import LinearRecursion
 
 LENGTHS = [3, 6, 1, 4]  # out of sorted order, so sorted and original order differ
 
@@ -76,10 +76,14 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return run
 
     monkeypatch.setattr(
-        models.smoothing, "ema_packed_numba", spy("numba", models.smoothing.ema_packed_numba)
+        rnnserve.models.smoothing,
+        "ema_packed_numba",
+        spy("numba", rnnserve.models.smoothing.ema_packed_numba),
     )
     monkeypatch.setattr(
-        models.smoothing, "ema_packed_torch", spy("torch", models.smoothing.ema_packed_torch)
+        rnnserve.models.smoothing,
+        "ema_packed_torch",
+        spy("torch", rnnserve.models.smoothing.ema_packed_torch),
     )
 
     def fake_triton(data: Tensor, batch_sizes: Tensor, *rest: Any) -> tuple[Tensor, Tensor]:

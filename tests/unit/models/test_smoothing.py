@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.utils.rnn import PackedSequence, pack_sequence
 
-import models
-from models.kernels import ema_packed_numba, ema_packed_torch, last_step_rows
-from models.packing import pack, unpack
-from models.smoothing import LinearRecursion
+from rnnserve import models
+from rnnserve.models.kernels import ema_packed_numba, ema_packed_torch, last_step_rows
+from rnnserve.models.packing import pack, unpack
+from rnnserve.models.smoothing import LinearRecursion
 from tests.references import smoother_reference
 
 

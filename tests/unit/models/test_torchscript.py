@@ -1,4 +1,4 @@
-"""TorchScript models (kind ``torchscript``): exported with ``python -m models.export
+"""TorchScript models (kind ``torchscript``): exported with ``rnnserve export
 --torchscript``, loaded only when trusted, called with the packed-sequence signature, refused at
 start-up with one line otherwise."""
 
@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import models
-import service.cli
+import rnnserve.service.cli
 from examples.gru_encoder import gru_cell_loop, make, make_packed
-from models import export, torchscript
-from models.packing import pack, unpack
-from service.config import Settings
-from service.runtime import StartupError, preflight
+from rnnserve import models
+from rnnserve.models import export, torchscript
+from rnnserve.models.packing import pack, unpack
+from rnnserve.service.config import Settings
+from rnnserve.service.engine.runtime import StartupError, preflight
 
 
 class OneArgument(nn.Module):
@@ -113,7 +113,7 @@ def test_refused_unless_trusted(exported: Path) -> None:
     assert "TorchScript files are code" in line
     assert "RNNSERVE_TRUST_TORCHSCRIPT=true" in line
     assert preflight(Settings(model_dir=exported, trust_torchscript=True)) == ["enc_ts"]
-    assert service.cli.parse_settings(["--trust-torchscript"]).trust_torchscript is True
+    assert rnnserve.service.cli.parse_settings(["--trust-torchscript"]).trust_torchscript is True
     assert Settings().trust_torchscript is False
 
 
@@ -124,10 +124,10 @@ def test_a_trusted_torchscript_default_is_refused_for_its_kind_not_for_trust(
     and the refusal says what it is; without it, the refusal is about trust."""
     trusted = Settings(model_dir=exported, trust_torchscript=True, default_smoother="enc_ts")
     with pytest.raises(StartupError, match="'enc_ts' is a torchscript model, not a smoother"):
-        service.cli.check_defaults(trusted, ["enc_ts"])
+        rnnserve.service.cli.check_defaults(trusted, ["enc_ts"])
     untrusted = Settings(model_dir=exported, default_smoother="enc_ts")
     with pytest.raises(StartupError, match="refused unless trusted"):
-        service.cli.check_defaults(untrusted, ["enc_ts"])
+        rnnserve.service.cli.check_defaults(untrusted, ["enc_ts"])
 
 
 def script_to(tmp_path: Path, module: nn.Module, name: str, meta: bool = True) -> Path:

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.utils.rnn import PackedSequence
 
-import models
-from models.packing import pack, unpack
-from models.traveller import Traveller
+from rnnserve import models
+from rnnserve.models.packing import pack, unpack
+from rnnserve.models.traveller import Traveller
 from tests.references import SeedTraveller, seed_rollout
 
 BACKENDS = ["eager", "torchscript"]

@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_sequence
 
-import models.kernels.rollout_cpu as rollout_cpu
-import models.traveller as traveller
-from models.packing import pack, unpack
-from models.traveller import RolloutState, Traveller, rollout_backend_fn, rollout_packed
+import rnnserve.models.kernels.rollout_cpu as rollout_cpu
+import rnnserve.models.traveller as traveller
+from rnnserve.models.packing import pack, unpack
+from rnnserve.models.traveller import RolloutState, Traveller, rollout_backend_fn, rollout_packed
 from tests.helpers import refusal
 from tests.references import bent_model, seed_rollout
 
@@ -38,12 +38,12 @@ def test_backend_names_resolve_to_their_functions() -> None:
 
 
 def test_auto_on_the_cpu_without_numba_is_torchscript(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "models.kernels.rollout_cpu", None)  # import fails
+    monkeypatch.setitem(sys.modules, "rnnserve.models.kernels.rollout_cpu", None)  # import fails
     assert rollout_backend_fn("auto", CPU) == (traveller.scripted_rollout(), "torchscript")
 
 
 def test_auto_on_cuda_takes_the_gpu_kernel_when_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
-    import models.kernels.rollout_triton as rollout_triton
+    import rnnserve.models.kernels.rollout_triton as rollout_triton
 
     checked: list[torch.device] = []
     monkeypatch.setattr(rollout_triton, "check_device", checked.append)
@@ -59,7 +59,7 @@ def test_the_gpu_kernel_import_check_says_whether_it_imports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert traveller._triton_rollout_imports() is True
-    monkeypatch.setitem(sys.modules, "models.kernels.rollout_triton", None)
+    monkeypatch.setitem(sys.modules, "rnnserve.models.kernels.rollout_triton", None)
     assert traveller._triton_rollout_imports() is False
 
 

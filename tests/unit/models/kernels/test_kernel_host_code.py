@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from models.packing import pack
-from models.traveller import Traveller, rollout_packed
+from rnnserve.models.packing import pack
+from rnnserve.models.traveller import Traveller, rollout_packed
 from tests.helpers import refusal
 
-rollout_cpu = pytest.importorskip("models.kernels.rollout_cpu")
+rollout_cpu = pytest.importorskip("rnnserve.models.kernels.rollout_cpu")
 run = rollout_cpu.rollout_packed_numba
 
 
@@ -161,7 +161,7 @@ def test_compile_for_compiles_without_running_anything_visible() -> None:
 
 # ------------------------------------------------------------------ models/kernels/smoother_cpu.py
 
-smoother_cpu = pytest.importorskip("models.kernels.smoother_cpu")
+smoother_cpu = pytest.importorskip("rnnserve.models.kernels.smoother_cpu")
 
 
 def flat_rows(dtype: type, lengths: list[int], feat: int = 3) -> np.ndarray:

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from models.packing import pack
-from models.traveller import Traveller, rollout_backend_fn, rollout_packed
+from rnnserve.models.packing import pack
+from rnnserve.models.traveller import Traveller, rollout_backend_fn, rollout_packed
 
-rollout_cpu = pytest.importorskip("models.kernels.rollout_cpu")
+rollout_cpu = pytest.importorskip("rnnserve.models.kernels.rollout_cpu")
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch import Tensor
 
-rt = pytest.importorskip("models.kernels.rollout_triton")
+rt = pytest.importorskip("rnnserve.models.kernels.rollout_triton")
 
-from models.traveller import Traveller, rollout_backend_fn, rollout_packed  # noqa: E402
+from rnnserve.models.traveller import Traveller, rollout_backend_fn, rollout_packed  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",

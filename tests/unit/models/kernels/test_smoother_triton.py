@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
-import models.smoothing
-from models.packing import pack, unpack
-from models.smoothing import LinearRecursion
+import rnnserve.models.smoothing
+from rnnserve.models.packing import pack, unpack
+from rnnserve.models.smoothing import LinearRecursion
 
-triton_mod = pytest.importorskip("models.kernels.smoother_triton")
+triton_mod = pytest.importorskip("rnnserve.models.kernels.smoother_triton")
 plan_tiles = triton_mod.plan_tiles
 smooth_packed_triton = triton_mod.smooth_packed_triton
 
@@ -366,9 +366,9 @@ def test_plan_fills_the_gpu_for_long_and_for_wide_batches() -> None:
 def test_auto_picks_triton_on_cuda_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
     model = LinearRecursion(2)
     cuda_like = SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32)
-    monkeypatch.setattr(models.smoothing, "triton_available", lambda: True)
+    monkeypatch.setattr(rnnserve.models.smoothing, "triton_available", lambda: True)
     assert model._pick_kernel(cuda_like, None) == "triton"  # type: ignore[arg-type]
-    monkeypatch.setattr(models.smoothing, "triton_available", lambda: False)
+    monkeypatch.setattr(rnnserve.models.smoothing, "triton_available", lambda: False)
     assert model._pick_kernel(cuda_like, None) == "torch"  # type: ignore[arg-type]
     cpu = torch.zeros(3, 2)
     with torch.no_grad():
@@ -391,8 +391,8 @@ def test_models_import_and_smooth_without_triton() -> None:
     code = (
         "import sys; sys.modules['triton'] = None\n"
         "import torch, models\n"
-        "from models.kernels import triton_available\n"
-        "from models.smoothing import LinearRecursion\n"
+        "from rnnserve.models.kernels import triton_available\n"
+        "from rnnserve.models.smoothing import LinearRecursion\n"
         "assert not triton_available()\n"
         "m = LinearRecursion(2)\n"
         "x = torch.nn.utils.rnn.pack_sequence([torch.ones(3, 2)])\n"
@@ -401,7 +401,7 @@ def test_models_import_and_smooth_without_triton() -> None:
         "assert 'triton' not in [k for k, v in sys.modules.items() if v is not None]\n"
         "print('ok', y.data.shape, s.shape)\n"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[4]
     env = {**os.environ, "PYTHONPATH": str(root)}
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120

@@ -30,11 +30,11 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - tests/confte
 
 from triton.runtime.interpreter import InterpretedFunction
 
-from models.kernels import rollout_triton as rt
-from models.kernels import smoother_triton as st
-from models.packing import pack
+from rnnserve.models.kernels import rollout_triton as rt
+from rnnserve.models.kernels import smoother_triton as st
+from rnnserve.models.packing import pack
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 POINTER = {
     torch.float16: "*fp16",
     torch.float32: "*fp32",

@@ -13,13 +13,19 @@ from typing import Any
 import pytest
 import torch
 
-rt = pytest.importorskip("models.kernels.rollout_triton")
-st = pytest.importorskip("models.kernels.smoother_triton")
+rt = pytest.importorskip("rnnserve.models.kernels.rollout_triton")
+st = pytest.importorskip("rnnserve.models.kernels.smoother_triton")
 
-from models.kernels import ema_packed_torch  # noqa: E402
-from models.packing import pack  # noqa: E402
-from models.traveller import rollout_packed  # noqa: E402
-from tests.unit.test_rollout_triton import DEVICE, DTYPE, assert_same, packed, weights  # noqa: E402
+from rnnserve.models.kernels import ema_packed_torch  # noqa: E402
+from rnnserve.models.packing import pack  # noqa: E402
+from rnnserve.models.traveller import rollout_packed  # noqa: E402
+from tests.unit.models.kernels.test_rollout_triton import (  # noqa: E402
+    DEVICE,
+    DTYPE,
+    assert_same,
+    packed,
+    weights,
+)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
