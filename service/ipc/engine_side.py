@@ -68,8 +68,8 @@ class _Connection:
         else:
             self._send(error_frame(frame.id, FrameError(f"{frame.op.name} is not a request")))
 
-    def _forget(self, rid: int, _: object) -> None:
-        self.tasks.pop(rid, None)
+    def _forget(self, call_id: int, _: object) -> None:
+        self.tasks.pop(call_id, None)
 
     def _hello(self) -> bytes:
         served = [

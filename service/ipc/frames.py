@@ -163,7 +163,7 @@ def decode(body: bytes) -> Frame:
     """A frame from its bytes after the length prefix; the arrays are views of ``body``."""
     if len(body) < HEADER.size:
         raise FrameError(f"frame of {len(body)} bytes is shorter than its header")
-    op, code, flags, rid, n_text, n_ints, n_rows, width = HEADER.unpack_from(body)
+    op, code, flags, call_id, n_text, n_ints, n_rows, width = HEADER.unpack_from(body)
     ints_at = HEADER.size + n_text
     rows_at = ints_at + 8 * n_ints
     if rows_at + 4 * n_rows * width != len(body):
@@ -179,7 +179,7 @@ def decode(body: bytes) -> Frame:
     ints = np.frombuffer(body, "<i8", n_ints, ints_at) if n_ints else _NO_INTS
     count = n_rows * width
     flat = np.frombuffer(body, "<f4", count, rows_at) if count else np.empty(0, np.float32)
-    return Frame(kind, rid, code, text, ints, flat.reshape(n_rows, width), flags)
+    return Frame(kind, call_id, code, text, ints, flat.reshape(n_rows, width), flags)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
@@ -194,10 +194,10 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
     return decode(await reader.readexactly(size))
 
 
-def error_frame(rid: int, exc: BaseException) -> Frame:
+def error_frame(call_id: int, exc: BaseException) -> Frame:
     code = next((c for t, c in _CODES.items() if isinstance(exc, t)), Code.INTERNAL)
     text = str(exc) if code != Code.INTERNAL else f"{type(exc).__name__}: {exc}"
-    return Frame(Op.ERROR, rid, code, text.encode(), flags=LOGGED if was_logged(exc) else 0)
+    return Frame(Op.ERROR, call_id, code, text.encode(), flags=LOGGED if was_logged(exc) else 0)
 
 
 def frame_error(frame: Frame) -> Exception:
@@ -215,11 +215,11 @@ def frame_error(frame: Frame) -> Exception:
 
 
 def request_frame(
-    op: Op, rid: int, model: str, sequences: FlatSequences, request_id: str | None = None
+    op: Op, call_id: int, model: str, sequences: FlatSequences, request_id: str | None = None
 ) -> Frame:
     """An INFER or STREAM frame; ``request_id``: the HTTP request's id, for the engine's log."""
     text = model if request_id is None else f"{model}\0{request_id}"
-    return Frame(op, rid, text=text.encode(), ints=sequences.lengths, rows=sequences.data)
+    return Frame(op, call_id, text=text.encode(), ints=sequences.lengths, rows=sequences.data)
 
 
 def request_of(frame: Frame) -> tuple[str, str | None, FlatSequences]:
@@ -232,11 +232,11 @@ def request_of(frame: Frame) -> tuple[str, str | None, FlatSequences]:
         raise FrameError(str(exc)) from None
 
 
-def progress_frame(rid: int, pieces: list[Piece]) -> Frame:
+def progress_frame(call_id: int, pieces: list[Piece]) -> Frame:
     """A chunk of a streamed rollout: the pieces' (index, start, steps), then their rows."""
     where = np.array([(i, start, len(y)) for i, start, y in pieces], np.int64).reshape(-1)
     rows = np.concatenate([y for _, _, y in pieces]) if pieces else np.empty((0, 2), np.float32)
-    return Frame(Op.PROGRESS, rid, ints=where, rows=rows)
+    return Frame(Op.PROGRESS, call_id, ints=where, rows=rows)
 
 
 def progress_pieces(frame: Frame) -> list[Piece]:

@@ -57,9 +57,9 @@ class _Call:
 class _RemoteStream:
     """A streamed rollout's progress as it arrives; closing it early cancels it in the engine."""
 
-    def __init__(self, runtime: RemoteRuntime, rid: int, call: _Call) -> None:
+    def __init__(self, runtime: RemoteRuntime, call_id: int, call: _Call) -> None:
         assert call.queue is not None
-        self._runtime, self._rid, self._queue = runtime, rid, call.queue
+        self._runtime, self._call_id, self._queue = runtime, call_id, call.queue
         self._done = False
 
     def __aiter__(self) -> _RemoteStream:
@@ -84,7 +84,7 @@ class _RemoteStream:
 
     async def aclose(self) -> None:
         self._done = True
-        self._runtime._cancel(self._rid)  # a no-op once END or ERROR arrived
+        self._runtime._cancel(self._call_id)  # a no-op once END or ERROR arrived
 
 
 class RemoteRuntime:
@@ -214,49 +214,49 @@ class RemoteRuntime:
     async def infer(self, name: str, sequences: FlatSequences) -> FlatSequences:
         """Run ``sequences`` through model ``name`` in the engine; cancelling cancels it there."""
         self.get(name)
-        rid, call = self._open(Op.INFER, name, sequences, streaming=False)
+        call_id, call = self._open(Op.INFER, name, sequences, streaming=False)
         try:
             await self._drain()
             result: FlatSequences = await call.future
             return result
         except asyncio.CancelledError:
-            self._cancel(rid)
+            self._cancel(call_id)
             raise
 
     async def open_stream(self, name: str, sequences: FlatSequences) -> AsyncIterator[list[Piece]]:
         """Queue a streamed rollout in the engine; raises its QueueFull etc. before returning."""
         self.get(name)
-        rid, call = self._open(Op.STREAM, name, sequences, streaming=True)
+        call_id, call = self._open(Op.STREAM, name, sequences, streaming=True)
         try:
             await self._drain()
             await call.future  # ACCEPTED, or the engine's error
         except BaseException:
-            self._cancel(rid)
+            self._cancel(call_id)
             raise
-        return _RemoteStream(self, rid, call)
+        return _RemoteStream(self, call_id, call)
 
     def _open(
         self, op: Op, name: str, sequences: FlatSequences, *, streaming: bool
     ) -> tuple[int, _Call]:
         if not self._available or self._writer is None:
             raise EngineUnavailable("the engine process is not available")
-        rid = next(self._ids)
+        call_id = next(self._ids)
         call = _Call(asyncio.get_running_loop().create_future())
         if streaming:
             call.queue = asyncio.Queue()
-        self._calls[rid] = call
-        frame = request_frame(op, rid, name, sequences, REQUEST_ID.get())
+        self._calls[call_id] = call
+        frame = request_frame(op, call_id, name, sequences, REQUEST_ID.get())
         self._writer.writelines(frame.buffers())
-        return rid, call
+        return call_id, call
 
     async def _drain(self) -> None:
         if self._writer is not None:
             with contextlib.suppress(ConnectionError):
                 await self._writer.drain()
 
-    def _cancel(self, rid: int) -> None:
-        """Forget call ``rid``; if the engine still runs it, tell the engine to drop it."""
-        if self._calls.pop(rid, None) is None:
+    def _cancel(self, call_id: int) -> None:
+        """Forget call ``call_id``; if the engine still runs it, tell the engine to drop it."""
+        if self._calls.pop(call_id, None) is None:
             return
         if self._available and self._writer is not None and not self._writer.is_closing():
-            self._writer.writelines(Frame(Op.CANCEL, rid).buffers())
+            self._writer.writelines(Frame(Op.CANCEL, call_id).buffers())

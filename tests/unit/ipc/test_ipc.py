@@ -147,8 +147,8 @@ def test_an_error_the_engine_logged_comes_back_marked_as_logged() -> None:
 @pytest.mark.parametrize("request_id", ["abc-123", None])
 def test_requests_carry_the_http_request_id(request_id: str | None) -> None:
     frame = roundtrip(request_frame(Op.INFER, 7, "smoother", flat(3, 1), request_id))
-    name, rid, sequences = request_of(frame)
-    assert (name, rid) == ("smoother", request_id)
+    name, call_id, sequences = request_of(frame)
+    assert (name, call_id) == ("smoother", request_id)
     assert sequences.lengths.tolist() == [3, 1]
 
 
