@@ -31,12 +31,10 @@ import uvicorn
 from pydantic import SecretStr, ValidationError
 from pydantic_settings import CliSettingsSource
 
-from rnnserve import models
 from rnnserve.service.config import Settings, package_version, unknown_environment
-from rnnserve.service.engine import process
-from rnnserve.service.engine.runtime import StartupError, preflight
 from rnnserve.service.http.app import ENGINE_SOCKET_ENV, create_app
 from rnnserve.service.http.protocol import HeaderTimeoutProtocol
+from rnnserve.service.interface import StartupError
 from rnnserve.service.logs import configure_logging, settings_line
 
 log = logging.getLogger("rnnserve")
@@ -59,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for warning in unknown_environment(os.environ):
         log.warning("%s", warning)
     try:
-        names = preflight(settings)  # fail closed, with one line, before the port opens
+        names = _preflight(settings)  # fail closed, with one line, before the port opens
         check_defaults(settings, names)
     except StartupError as exc:
         log.debug("start-up check failed", exc_info=True)
@@ -88,6 +86,20 @@ def run_command(name: str, args: list[str]) -> int:
     raise KeyError(name)
 
 
+# The supervisor imports torch and the models only in these functions, never at the top: uvicorn
+# spawns each HTTP worker by re-importing the console script's module, which imports this one.
+def _preflight(settings: Settings) -> list[str]:
+    from rnnserve.service.engine.runtime import preflight
+
+    return preflight(settings)
+
+
+def _engine_main() -> Any:
+    from rnnserve.service.engine import process
+
+    return process.run
+
+
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Unset options' help says what unset means; pydantic-settings' "(default: null)" goes."""
 
@@ -109,6 +121,8 @@ def parse_settings(args: Sequence[str]) -> Settings:
 
 def check_defaults(settings: Settings, names: Sequence[str]) -> None:
     """A configured default model must be served and of its endpoint's kind."""
+    from rnnserve import models
+
     for kind, name in (
         ("smoother", settings.default_smoother),
         ("traveller", settings.default_traveller),
@@ -165,7 +179,7 @@ def _supervise(settings: Settings, socket_path: str) -> int:
     spawn = multiprocessing.get_context("spawn")
     ready_recv, ready_send = spawn.Pipe(duplex=False)
     proc = spawn.Process(
-        target=process.run, args=(settings, socket_path, ready_send), name="rnnserve-engine"
+        target=_engine_main(), args=(settings, socket_path, ready_send), name="rnnserve-engine"
     )
     proc.start()
     ready_send.close()

@@ -77,6 +77,10 @@ class UnknownModel(LookupError):
     """No served model has that name."""
 
 
+class StartupError(RuntimeError):
+    """The server cannot start as configured; the message names the file or setting."""
+
+
 class StreamingUnavailable(ValueError):
     """The model cannot stream its output (not a continuously scheduled Traveller)."""
 

@@ -39,6 +39,7 @@ from rnnserve.service.interface import (
     FlatSequences,
     NonFiniteInput,
     Piece,
+    StartupError,
     StreamingUnavailable,
     UnknownModel,
     is_out_of_memory,
@@ -51,10 +52,6 @@ A = TypeVar("A")
 
 # One request's sequences in ([sum T_i, input_dim] rows + lengths), its outputs out.
 Item = FlatSequences
-
-
-class StartupError(RuntimeError):
-    """The server cannot start as configured; the message names the file or setting."""
 
 
 @dataclass
