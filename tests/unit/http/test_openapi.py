@@ -21,7 +21,7 @@ from rnnserve.service.http.routes import ERROR_TYPES
 from rnnserve.service.interface import RequestError
 from rnnserve.service.logs import THIRD_PARTY, configure_logging, model_line
 
-README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+API_DOC = (Path(__file__).resolve().parents[3] / "docs" / "API.md").read_text()
 
 
 @dataclass
@@ -110,11 +110,11 @@ def test_media_types_tags_and_every_error_type() -> None:
     enum = schema["components"]["schemas"]["ErrorBody"]["properties"]["type"]["enum"]
     assert set(enum) == ERROR_TYPES
     assert set(openapi.ERROR_STATUS) == ERROR_TYPES
-    # each type is named in the description of its status's response, as in the README table
+    # each type is named in the description of its status's response, as in docs/API.md's table
     responses = paths["/smooth"]["post"]["responses"]
     for kind, status in openapi.ERROR_STATUS.items():
         assert kind in responses[str(status)]["description"], kind
-        row = next(ln for ln in README.splitlines() if f"`{kind}`" in ln and ln.startswith("| "))
+        row = next(ln for ln in API_DOC.splitlines() if f"`{kind}`" in ln and ln.startswith("| "))
         assert str(status) in row.split("|")[1], (kind, row)
 
 
