@@ -7,8 +7,10 @@ running sequence ``chunk_steps`` further (or to its end) in one packed call of t
 resumable rollout, and returns the requests that finished. It runs on the model's worker thread;
 the asyncio side is :class:`rnnserve.service.engine.continuous.ContinuousBatcher`.
 
-A sequence's result does not depend on how its steps were split into chunks or which other
-sequences shared them: the resumable rollout carries ``(h, c, p)`` exactly.
+A sequence's result does not depend on how its steps were split into chunks: the resumable
+rollout carries ``(h, c, p)`` exactly. Which other sequences shared a step changes it only by
+float32 rounding: the CPU kernel computes a step with one running sequence in its own
+matrix-vector loop and a step with more through BLAS's GEMM, whose sums may round differently.
 """
 
 from __future__ import annotations

@@ -89,6 +89,16 @@ def same(got: list[Any], want: list[np.ndarray]) -> None:
         assert g.tobytes() == w.tobytes()
 
 
+def close(got: list[Any], want: list[np.ndarray]) -> None:
+    """Equal to float32 rounding: for rollouts batched with different company (concurrent
+    calls, a sequence alone), whose steps may take BLAS's GEMM or the kernel's one-row loop."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == np.float32
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)
+
+
 def test_numpy_in_numpy_out_equals_the_models(server: Server, client: Client) -> None:
     xs, us = seqs(16, 40, 1, 9), seqs(6, 33, 5)
     smoothed = client.smooth(xs)
@@ -100,7 +110,7 @@ def test_numpy_in_numpy_out_equals_the_models(server: Server, client: Client) ->
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     one = client.rollout(us[0])  # a single array in, a single array out
     assert isinstance(one, np.ndarray)
-    same([one], positions[:1])
+    close([one], positions[:1])  # alone, not batched with the second sequence
 
 
 def test_torch_in_torch_out(server: Server, client: Client) -> None:
@@ -193,12 +203,12 @@ async def test_async_client_concurrent_calls_and_stream(server: Server) -> None:
     async with AsyncClient(server.url, timeout=60) as c:
         answers = await asyncio.gather(*(c.rollout(b) for b in batches))
         for batch, answer in zip(batches, answers, strict=True):
-            same(answer, server_json(server, "/rollout", "positions", batch))
+            close(answer, server_json(server, "/rollout", "positions", batch))  # batched apart
         got: list[list[np.ndarray]] = [[], []]
         async with c.stream_rollout(batches[2]) as stream:
             async for i, _, positions in stream:
                 got[i].append(positions)
-        same([np.concatenate(parts) for parts in got], answers[2])
+        close([np.concatenate(parts) for parts in got], answers[2])
         assert await c.ready()
 
 
