@@ -574,9 +574,11 @@ def test_committed_dashboard_is_the_generators_output() -> None:
     assert DASHBOARD_JSON.read_text() == dashboard_generator().render()
 
 
-# Every metric README.md documents: a metric added later must join the dashboard.
+# Every metric docs/METRICS.md documents: a metric added later must join the dashboard.
 DOCUMENTED_METRICS = tuple(
-    re.findall(r"^\| `(rnnserve_[a-z_]+)` \|", (ROOT / "README.md").read_text(), re.MULTILINE)
+    re.findall(
+        r"^\| `(rnnserve_[a-z_]+)` \|", (ROOT / "docs" / "METRICS.md").read_text(), re.MULTILINE
+    )
 )
 
 
@@ -868,12 +870,19 @@ def test_wheel_carries_the_weights_and_the_console_script(installed: Installed) 
     with zipfile.ZipFile(installed.wheel) as whl:
         names = set(whl.namelist())
         for weight in WEIGHTS:
-            member = f"models/weights/{weight}"
+            member = f"rnnserve/models/weights/{weight}"
             assert member in names, f"{member} is not in the wheel"
             digest = hashlib.sha256(whl.read(member)).hexdigest()
             expected = hashlib.sha256((ROOT / "models" / "weights" / weight).read_bytes())
             assert digest == expected.hexdigest()
-        assert {"models/__init__.py", "service/__init__.py", "service/cli.py"} <= names
+        assert {
+            "rnnserve/models/__init__.py",
+            "rnnserve/service/__init__.py",
+            "rnnserve/service/cli.py",
+            "rnnserve/service/http/app.py",
+        } <= names
+        # installed under rnnserve only: no top-level package that would shadow a user's own
+        assert not any(n.startswith(("models/", "service/")) for n in names)
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         parser = configparser.ConfigParser()
         parser.read_string(whl.read(entry_points).decode())
@@ -895,7 +904,8 @@ def run_installed(installed: Installed, *cmd: str) -> subprocess.CompletedProces
 
 def test_installed_copy_loads_its_bundled_models(installed: Installed) -> None:
     script = (
-        "import json, models\n"
+        "import json\n"
+        "from rnnserve import models\n"
         "names = models.available()\n"
         "loaded = {n: models.describe(models.load(n))['kind'] for n in names}\n"
         "print(json.dumps({'file': models.__file__, 'weights': str(models.DEFAULT_MODEL_DIR),"
@@ -918,7 +928,7 @@ def test_installed_copy_runs_the_images_warmup(installed: Installed) -> None:
 
 
 def test_installed_copy_runs_the_cli_and_serves(installed: Installed) -> None:
-    proc = run_installed(installed, sys.executable, "-m", "service", "--help")
+    proc = run_installed(installed, sys.executable, "-m", "rnnserve.service", "--help")
     assert proc.returncode == 0, proc.stderr
     assert "usage: rnnserve" in proc.stdout
     assert "--max-batch-size" in proc.stdout
