@@ -1,7 +1,7 @@
 # rnnserve for GPU hosts; it also runs without a GPU (RNNSERVE_DEVICE=auto falls back to the CPU).
 #   docker build -t rnnserve .
 #   docker run --rm --gpus all -p 8000:8000 rnnserve
-# Two stages: `build` makes the wheel (models, service and the bundled weights) from the sources;
+# Two stages: `build` makes the wheel (rnnserve, its models and bundled weights) from the sources;
 # the final stage starts again from the CUDA PyTorch runtime image and installs only that wheel,
 # so no source tree, build tool or pip cache reaches the image that runs.
 
@@ -12,8 +12,9 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 
-# Only what the wheel needs: the project metadata and the two packages. The bundled weights,
-# models/weights/*.safetensors, are package data and go into the wheel with `models`.
+# Only what the wheel needs: the project metadata and the folders that install as rnnserve,
+# rnnserve.models and rnnserve.service. The bundled weights, models/weights/*.safetensors, are
+# package data and go into the wheel with rnnserve.models.
 COPY pyproject.toml README.md /src/
 COPY models/ /src/models/
 COPY service/ /src/service/
@@ -40,7 +41,7 @@ RUN python -c "import importlib.metadata as m; print('torch==' + m.version('torc
         > /tmp/torch-constraint.txt \
     && python -m pip install --no-cache-dir --constraint /tmp/torch-constraint.txt /tmp/wheels/rnnserve-*.whl \
     && rm -rf /tmp/wheels /tmp/torch-constraint.txt \
-    && python -c "import models; assert models.available() == ['smoother', 'traveller'], models.available()" \
+    && python -c "from rnnserve import models; assert models.available() == ['smoother', 'traveller'], models.available()" \
     && rnnserve --help > /dev/null
 
 # A numeric UID:GID, so that Kubernetes' runAsNonRoot can verify it without /etc/passwd. The numba
