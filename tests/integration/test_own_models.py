@@ -13,6 +13,7 @@ import torch
 from examples.gru_encoder import GRUEncoder, gru_cell_loop, make, make_packed
 from rnnserve import models
 from rnnserve.models import export
+from rnnserve.service.codec import bodies
 from tests.integration.conftest import AppClient
 
 
@@ -50,14 +51,14 @@ async def test_infer_answers_like_a_gru_cell_loop(
         assert mine["shapes"] == {"input": ["T", 6], "output": ["T", 4]}
         assert mine["config"]["activation"] == "l2_normalize"
         # concurrent requests are batched together; each gets its own answer
-        bodies = [sequences(i, (3 + i, 1, 17)) for i in range(6)]
+        batches = [sequences(i, (3 + i, 1, 17)) for i in range(6)]
         replies = await asyncio.gather(
             *(
                 client.post("/models/gru_encoder/infer", json={"inputs": [x.tolist() for x in b]})
-                for b in bodies
+                for b in batches
             )
         )
-        for body, r in zip(bodies, replies, strict=True):
+        for body, r in zip(batches, replies, strict=True):
             assert r.status_code == 200, r.text
             assert r.json()["model"] == "gru_encoder"
             outs = r.json()["outputs"]
@@ -139,14 +140,14 @@ async def test_a_trusted_torchscript_model_answers_like_the_original(
         mine = next(m for m in listed if m["name"] == "gru_ts")
         assert mine["kind"] == "torchscript"
         assert mine["shapes"] == {"input": ["T", 6], "output": ["T", 4]}
-        bodies = [sequences(20 + i, (2 + i, 11, 1)) for i in range(5)]
+        batches = [sequences(20 + i, (2 + i, 11, 1)) for i in range(5)]
         replies = await asyncio.gather(
             *(
                 client.post("/models/gru_ts/infer", json={"inputs": [x.tolist() for x in b]})
-                for b in bodies
+                for b in batches
             )
         )
-        for body, r in zip(bodies, replies, strict=True):
+        for body, r in zip(batches, replies, strict=True):
             assert r.status_code == 200, r.text
             assert r.json()["model"] == "gru_ts"
             for got, x in zip(r.json()["outputs"], body, strict=True):
