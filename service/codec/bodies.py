@@ -212,6 +212,10 @@ def _read_field(
     within float64's range; up to 18 digits with a small power of ten it is read exactly here
     (Clinger), else by :func:`_parse_number` (Eisel-Lemire), or recorded in ``slow`` as
     (index, start, end) for ``float()`` when that cannot decide.
+
+    One function on purpose, however long: it is the compiled scanner's inner loop, and numba
+    does not inline calls across its nested loops without counting a reference per call, which
+    costs more than the numbers' own reading. The loops are commented where each level starts.
     """
     n = buf.shape[0]
     cap = data.shape[0]
@@ -417,7 +421,10 @@ def _scan(
 ) -> None:  # fmt: skip
     """One pass over the body: is it on the happy path? The field's numbers go to ``data``
     (see :func:`_read_field`), counts and positions to ``out``; ``out[_OK]`` is 1 if it is,
-    0 if not, ``_SHORT_OF_ROOM`` if ``slow`` was too small."""
+    0 if not, ``_SHORT_OF_ROOM`` if ``slow`` was too small.
+
+    Part of the compiled scanner, long for the reason :func:`_read_field` gives.
+    """
     for i in range(out.shape[0]):
         out[i] = 0
     out[_TOO_LONG_AT] = -1
