@@ -1,9 +1,10 @@
-"""The kernels' host code, from the mutation runs of models/kernels/*.py.
+"""The kernels' host code: the Python around the compiled loops.
 
 The compiled loops themselves are checked against references elsewhere (test_rollout_cpu.py,
-test_smoothing.py, test_smoother_triton.py); these tests pin what the Python around them does:
-the shapes the numba rollout refuses before its loop (which does not check bounds), with the
-exact message, and the state it hands back.
+test_smoothing.py, test_smoother_triton.py); these tests check what the Python around them does:
+the shapes the numba rollout refuses before its loop (which does not check bounds), each refusal
+naming the argument and the shapes involved, the casts it makes, the state it hands back, and
+the jit options and BLAS lookup that run when the modules are imported.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def weights(
     return list(w_cat), list(bias), w_out, b_out
 
 
+def mentions(message: str, *words: str) -> bool:
+    """Whether a refusal's message names every one of ``words`` (the argument, the shapes)."""
+    missing = [w for w in words if w not in message]
+    assert not missing, f"{message!r} does not mention {missing}"
+    return True
+
+
 def inputs(lengths: list[int], num_inputs: int = 3) -> tuple[Tensor, list[int]]:
     gen = torch.Generator().manual_seed(sum(lengths))
     x = pack([torch.randn(n, num_inputs, generator=gen, dtype=torch.float64) for n in lengths])
@@ -47,17 +55,16 @@ def test_each_wrong_weight_shape_is_named() -> None:
     w_cat, bias, w_out, b_out = weights()
     w0, w1 = w_cat
     cases = [
-        ([w0[:-1], w1], bias, w_out, b_out, "w_cat[0] must have shape [9, 16], got [8, 16]"),
-        ([w0, w1[:, :8]], bias, w_out, b_out, "w_cat[1] must have shape [8, 16], got [8, 8]"),
-        (w_cat, [bias[0][:4], bias[1]], w_out, b_out, "bias[0] must have shape [16], got [4]"),
-        (w_cat, [bias[0], bias[1][:4]], w_out, b_out, "bias[1] must have shape [16], got [4]"),
-        (w_cat, bias, w_out.t(), b_out, "w_out must have shape [4, 2], got [2, 4]"),
-        (w_cat, bias, w_out, b_out[:1], "b_out must have shape [2], got [1]"),
+        ([w0[:-1], w1], bias, w_out, b_out, ("w_cat[0]", "[9, 16]", "got [8, 16]")),
+        ([w0, w1[:, :8]], bias, w_out, b_out, ("w_cat[1]", "[8, 16]", "got [8, 8]")),
+        (w_cat, [bias[0][:4], bias[1]], w_out, b_out, ("bias[0]", "[16]", "got [4]")),
+        (w_cat, [bias[0], bias[1][:4]], w_out, b_out, ("bias[1]", "[16]", "got [4]")),
+        (w_cat, bias, w_out.t(), b_out, ("w_out", "[4, 2]", "got [2, 4]")),
+        (w_cat, bias, w_out, b_out[:1], ("b_out", "[2]", "got [1]")),
     ]  # fmt: skip
-    for w, b, wo, bo, message in cases:
-        assert refusal(ValueError, lambda w=w, b=b, wo=wo, bo=bo: run(u, sizes, w, b, wo, bo)) == (
-            message
-        )
+    for w, b, wo, bo, words in cases:
+        message = refusal(ValueError, lambda w=w, b=b, wo=wo, bo=bo: run(u, sizes, w, b, wo, bo))
+        assert mentions(message, "shape", *words)
 
 
 def test_each_wrong_state_shape_is_named() -> None:
@@ -65,33 +72,42 @@ def test_each_wrong_state_shape_is_named() -> None:
     w = weights()
     h = torch.zeros(2, 2, 4, dtype=torch.float64)
     p = torch.zeros(2, 2, dtype=torch.float64)
-    assert refusal(ValueError, lambda: run(u, sizes, *w, h[:, :1], h, p)) == (
-        "h0 must have shape [2, 2, 4], got [2, 1, 4]"
+    assert mentions(
+        refusal(ValueError, lambda: run(u, sizes, *w, h[:, :1], h, p)),
+        *("h0", "[2, 2, 4]", "got [2, 1, 4]"),
     )
-    assert refusal(ValueError, lambda: run(u, sizes, *w, h, h[:1], p)) == (
-        "c0 must have shape [2, 2, 4], got [1, 2, 4]"
+    assert mentions(
+        refusal(ValueError, lambda: run(u, sizes, *w, h, h[:1], p)),
+        *("c0", "[2, 2, 4]", "got [1, 2, 4]"),
     )
-    assert refusal(ValueError, lambda: run(u, sizes, *w, h, h, p[:, :1])) == (
-        "p0 must have shape [2, 2], got [2, 1]"
+    assert mentions(
+        refusal(ValueError, lambda: run(u, sizes, *w, h, h, p[:, :1])),
+        *("p0", "[2, 2]", "got [2, 1]"),
     )
 
 
 def test_layers_inputs_and_batch_sizes_are_checked() -> None:
     u, sizes = inputs([3, 2])
     w_cat, bias, w_out, b_out = weights()
-    layers = "expected one bias per layer and 2-D packed inputs"
-    assert refusal(ValueError, lambda: run(u, sizes, w_cat, bias[:1], w_out, b_out)) == layers
-    assert (
-        refusal(ValueError, lambda: run(u[:, :, None], sizes, w_cat, bias, w_out, b_out)) == layers
+    layers = ("bias per layer", "2-D packed inputs")
+    assert mentions(
+        refusal(ValueError, lambda: run(u, sizes, w_cat, bias[:1], w_out, b_out)), *layers
     )
-    sums = "batch_sizes must be positive and sum to 5 rows"
-    assert refusal(ValueError, lambda: run(u, [2, 2], w_cat, bias, w_out, b_out)) == sums
-    assert refusal(ValueError, lambda: run(u, [2, 2, 1, 0], w_cat, bias, w_out, b_out)) == sums
-    assert refusal(ValueError, lambda: run(u, [1, 2, 2], w_cat, bias, w_out, b_out)) == (
-        "batch_sizes must be non-increasing"
+    assert mentions(
+        refusal(ValueError, lambda: run(u[:, :, None], sizes, w_cat, bias, w_out, b_out)), *layers
     )
-    assert refusal(TypeError, lambda: run(u.half(), sizes, w_cat, bias, w_out, b_out)) == (
-        "the numba rollout takes float32 or float64, got torch.float16"
+    sums = ("batch_sizes", "positive", "sum to 5 rows")
+    assert mentions(refusal(ValueError, lambda: run(u, [2, 2], w_cat, bias, w_out, b_out)), *sums)
+    assert mentions(
+        refusal(ValueError, lambda: run(u, [2, 2, 1, 0], w_cat, bias, w_out, b_out)), *sums
+    )
+    assert mentions(
+        refusal(ValueError, lambda: run(u, [1, 2, 2], w_cat, bias, w_out, b_out)),
+        *("batch_sizes", "non-increasing"),
+    )
+    assert mentions(
+        refusal(TypeError, lambda: run(u.half(), sizes, w_cat, bias, w_out, b_out)),
+        *("float32", "float64", "got torch.float16"),
     )
 
 
@@ -100,8 +116,9 @@ def test_an_empty_hidden_layer_is_refused() -> None:
     w_cat = [torch.zeros(3, 0, dtype=torch.float64)]
     bias = [torch.zeros(0, dtype=torch.float64)]
     w_out, b_out = torch.zeros(0, 2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
-    assert refusal(ValueError, lambda: run(u, sizes, w_cat, bias, w_out, b_out)) == (
-        "expected one bias per layer and 2-D packed inputs"
+    assert mentions(
+        refusal(ValueError, lambda: run(u, sizes, w_cat, bias, w_out, b_out)),
+        *("bias per layer", "2-D packed inputs"),
     )
 
 
@@ -109,15 +126,17 @@ def test_no_batch_sizes_at_all_is_refused_as_a_shape_error() -> None:
     # (it read batch_sizes[0] before its own check, and raised IndexError)
     w_cat, bias, w_out, b_out = weights()
     u = torch.zeros(0, 3, dtype=torch.float64)
-    assert refusal(ValueError, lambda: run(u, [], w_cat, bias, w_out, b_out)) == (
-        "batch_sizes must be positive and sum to 0 rows"
+    assert mentions(
+        refusal(ValueError, lambda: run(u, [], w_cat, bias, w_out, b_out)),
+        *("batch_sizes", "sum to 0 rows"),
     )
     # a state for no sequences has 0 rows, the shape the check expects; the refusal is still
     # about the batch sizes
     h = torch.zeros(2, 0, 4, dtype=torch.float64)
     p = torch.zeros(0, 2, dtype=torch.float64)
-    assert refusal(ValueError, lambda: run(u, [], w_cat, bias, w_out, b_out, h, h, p)) == (
-        "batch_sizes must be positive and sum to 0 rows"
+    assert mentions(
+        refusal(ValueError, lambda: run(u, [], w_cat, bias, w_out, b_out, h, h, p)),
+        *("batch_sizes", "sum to 0 rows"),
     )
 
 
@@ -174,13 +193,17 @@ def test_without_numba_the_numba_kernels_say_so(monkeypatch: pytest.MonkeyPatch)
     assert smoother_cpu.numba_available() is False
     x = torch.zeros(2, 3)
     ones = torch.ones(3)
-    assert refusal(
-        RuntimeError, lambda: smoother_cpu.ema_packed_numba(x, torch.tensor([2]), ones)
-    ) == ("numba is not installed")
-    assert refusal(
-        RuntimeError,
-        lambda: smoother_cpu.smooth_flat_numba(x.numpy(), np.array([2]), ones, ones),
-    ) == ("numba is not installed")
+    assert mentions(
+        refusal(RuntimeError, lambda: smoother_cpu.ema_packed_numba(x, torch.tensor([2]), ones)),
+        *("numba", "not installed"),
+    )
+    assert mentions(
+        refusal(
+            RuntimeError,
+            lambda: smoother_cpu.smooth_flat_numba(x.numpy(), np.array([2]), ones, ones),
+        ),
+        *("numba", "not installed"),
+    )
 
 
 def test_smooth_flat_float32_state_is_the_float32_recurrence_exactly() -> None:
@@ -247,7 +270,7 @@ def test_smooth_flat_refuses_rows_or_lengths_of_the_wrong_rank() -> None:
 def test_ema_packed_numba_refuses_rows_off_the_cpu() -> None:
     x = torch.zeros(2, 3, device="meta")  # stands in for a GPU
     call = lambda: smoother_cpu.ema_packed_numba(x, torch.tensor([2]), torch.ones(3))  # noqa: E731
-    assert refusal(ValueError, call) == "the numba kernel runs on CPU tensors, got meta"
+    assert mentions(refusal(ValueError, call), "CPU", "got meta")
 
 
 def test_ema_packed_numba_casts_alpha_to_the_rows() -> None:
@@ -267,8 +290,8 @@ def test_ema_packed_numba_casts_alpha_to_the_rows() -> None:
 
 
 # ------------------------------------------------------------------ models/kernels/rollout_cpu.py
-# _jit and _mkl_gemm run while the module is imported, before mutmut picks a mutant: called here
-# so that their own code is judged.
+# _jit and _mkl_gemm run while the module is imported, where no other test calls them: called here
+# so that their own code is checked.
 
 
 def _plus_one(x: int) -> int:
@@ -347,7 +370,7 @@ def test_one_hidden_unit_is_enough() -> None:
 def test_the_numba_rollout_refuses_inputs_off_the_cpu() -> None:
     u = torch.zeros(2, 3, device="meta")  # stands in for a GPU
     call = lambda: run(u, [2], *weights(layers=1))  # noqa: E731
-    assert refusal(ValueError, call) == "the numba rollout runs on CPU tensors, got meta"
+    assert mentions(refusal(ValueError, call), "CPU", "got meta")
 
 
 @pytest.mark.parametrize("layers", [1, 2])
