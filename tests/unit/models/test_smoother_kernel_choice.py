@@ -1,4 +1,4 @@
-"""The smoother's kernel choice and state handling, from the mutation run of models/smoothing.py.
+"""The smoother's kernel choice and state handling.
 
 Every kernel gives the same numbers, so a model that runs the wrong one still matches the
 references; these tests watch which kernel runs (spies that call the real kernel, or a stand-in
@@ -224,10 +224,8 @@ def test_a_new_smoother_starts_from_alpha_one_half_and_unit_weights() -> None:
 def test_a_plain_tensor_is_refused_with_its_type_and_the_fix() -> None:
     with pytest.raises(TypeError) as info:
         make_model("auto")(torch.zeros(2, 3))  # type: ignore[arg-type]
-    assert str(info.value) == (
-        "LinearRecursion takes a PackedSequence, got Tensor; "
-        "pack your sequences with torch.nn.utils.rnn.pack_sequence"
-    )
+    for words in ("PackedSequence", "got Tensor", "pack_sequence"):
+        assert words in str(info.value)
 
 
 def test_a_state_on_the_cpu_follows_rows_on_another_device() -> None:

@@ -1,9 +1,9 @@
-"""The Traveller's backend choice, state handling, weight cache and refusals, from the mutation
-run of models/traveller.py.
+"""The Traveller's backend choice, state handling, fused-weight cache and refusals.
 
 Every backend computes the same positions, so a model that resolves the wrong one still matches
-the references: these tests check which function a backend name resolves to, and the exact text
-of each refusal (the caller's only clue to what was wrong).
+the references: these tests check which function a backend name resolves to, that a state
+continues each sequence in the order it was given, when the fused weights are rebuilt, and that
+each refusal names what was wrong (the caller's only clue).
 """
 
 from __future__ import annotations
@@ -23,6 +23,13 @@ from tests.helpers import refusal
 from tests.references import bent_model, seed_rollout
 
 CPU = torch.device("cpu")
+
+
+def mentions(message: str, *words: str) -> bool:
+    """Whether a refusal's message names every one of ``words`` (the argument, the shapes)."""
+    missing = [w for w in words if w not in message]
+    assert not missing, f"{message!r} does not mention {missing}"
+    return True
 
 
 def reference(model: Traveller, u: torch.Tensor) -> torch.Tensor:
@@ -64,9 +71,8 @@ def test_the_gpu_kernel_import_check_says_whether_it_imports(
 
 
 def test_an_unknown_backend_is_refused_with_the_known_ones() -> None:
-    assert refusal(ValueError, lambda: rollout_backend_fn("fast", CPU)) == (
-        "unknown rollout backend 'fast'; known: auto, eager, torchscript, numba, triton"
-    )
+    message = refusal(ValueError, lambda: rollout_backend_fn("fast", CPU))
+    assert mentions(message, "'fast'", "auto", "eager", "torchscript", "numba", "triton")
 
 
 def test_compile_rollout_sets_the_function_and_its_name() -> None:
@@ -132,30 +138,37 @@ def test_a_state_given_in_original_order_continues_each_sequence() -> None:
 
 def test_wrong_widths_and_states_are_refused_with_their_shapes() -> None:
     model = Traveller(6, 4, 2)
-    assert refusal(ValueError, lambda: model.rollout(pack([torch.zeros(3, 5)]))) == (
-        "expected inputs with 6 features per step, got shape [3, 5]"
+    assert mentions(
+        refusal(ValueError, lambda: model.rollout(pack([torch.zeros(3, 5)]))),
+        *("6 features", "got shape [3, 5]"),
     )
-    assert refusal(ValueError, lambda: model(torch.zeros(3, 2, 6))) == (
-        "expected inputs of shape [T, 1, 6], got [3, 2, 6]"
+    assert mentions(
+        refusal(ValueError, lambda: model(torch.zeros(3, 2, 6))), "[T, 1, 6]", "[3, 2, 6]"
     )
-    assert refusal(ValueError, lambda: model(torch.zeros(3, 6))) == (
-        "expected inputs of shape [T, 1, 6], got [3, 6]"
+    assert mentions(
+        refusal(ValueError, lambda: model(torch.zeros(3, 6))), "[T, 1, 6]", "got [3, 6]"
     )
-    with pytest.raises(ValueError, match="6 features per step, got shape"):
-        model(torch.zeros(3, 1, 5))
-    with pytest.raises(TypeError) as info2:
-        model.rollout(torch.zeros(3, 6))  # type: ignore[arg-type]
-    assert str(info2.value) == "rollout takes a PackedSequence, got Tensor"
+    assert mentions(
+        refusal(ValueError, lambda: model(torch.zeros(3, 1, 5))), "6 features", "[3, 5]"
+    )
+    message = refusal(TypeError, lambda: model.rollout(torch.zeros(3, 6)))  # type: ignore[arg-type]
+    assert mentions(message, "PackedSequence", "got Tensor")
     packed = pack([torch.zeros(3, 6), torch.zeros(2, 6)])
     good = RolloutState.zeros(2, 2, 4, dtype=torch.float32, device=CPU)
-    hc = "state h and c must have shape [2, 2, 4], got "
-    for h, c, p, message in (
-        (good.h[:, :1], good.c, good.p, hc + "[2, 1, 4] and [2, 2, 4]"),
-        (good.h, good.c[:1], good.p, hc + "[2, 2, 4] and [1, 2, 4]"),
-        (good.h, good.c, good.p[:1], "state p must have shape [2, 2], got [1, 2]"),
+    for h, c, p, words in (
+        (
+            good.h[:, :1],
+            good.c,
+            good.p,
+            ("state h and c", "[2, 2, 4]", "got [2, 1, 4] and [2, 2, 4]"),
+        ),
+        (good.h, good.c[:1], good.p, ("state h and c", "[2, 2, 4]", "got [2, 2, 4] and [1, 2, 4]")),
+        (good.h, good.c, good.p[:1], ("state p", "[2, 2]", "got [1, 2]")),
     ):
         state = RolloutState(h, c, p)
-        assert refusal(ValueError, lambda s=state: model.rollout_with_state(packed, s)) == message
+        assert mentions(
+            refusal(ValueError, lambda s=state: model.rollout_with_state(packed, s)), *words
+        )
 
 
 def test_fused_weights_are_cached_until_a_parameter_changes() -> None:
