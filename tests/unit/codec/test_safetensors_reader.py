@@ -1,8 +1,8 @@
-"""The safetensors decoder's refusals, word for word, and where its arrays live.
+"""The request-body codec: the safetensors decoder's refusals and where its arrays live.
 
-Written from the mutation run of service/codec/bodies.py (scripts/mutation.sh
-service/codec/bodies.py): each case pins a message, a location or a copy that some surviving mutant
-changed.
+Each malformed body is refused with its status, error type and location, and a message naming
+what was wrong (the tensor, the sequence, the limit); aligned tensors are read in place and
+unaligned ones copied; the JSON fast path's number parsing, limits and warm-up are checked too.
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ from rnnserve.service.codec import bodies
 from rnnserve.service.interface import Limits, RequestError
 
 LIMITS = Limits(256, 100_000, 1_000_000)
-NOT_ST = "body is not a safetensors file: "
+NOT_ST = "not a safetensors file"
+
+
+def mentions(message: str, *words: str) -> bool:
+    """Whether an error's message names every one of ``words``."""
+    missing = [w for w in words if w not in message]
+    assert not missing, f"{message!r} does not mention {missing}"
+    return True
 
 
 def _raw(header: dict[str, Any], data: bytes = b"", start_mod8: int | None = None) -> bytes:
@@ -54,50 +61,56 @@ def _entry(dtype: str, shape: list[Any], begin: int, end: int) -> dict[str, Any]
 GOOD = np.arange(6, dtype=np.float32).reshape(2, 3)
 
 HEADER_REFUSALS = [
-    ("seven bytes", b"\x00" * 7, "shorter than its 8-byte header length"),
-    ("eight bytes", b"\x00" * 8, "the header is not JSON"),  # an empty header
+    ("seven bytes", b"\x00" * 7, ("shorter", "8-byte header length")),
+    ("eight bytes", b"\x00" * 8, ("header", "not JSON")),  # an empty header
     ("header past the end", struct.pack("<Q", 10) + b"{}",
-     "header length 10 is past the end of the body"),
-    ("header not JSON", struct.pack("<Q", 3) + b"{{{", "the header is not JSON"),
-    ("header a list", struct.pack("<Q", 2) + b"[]", "the header is not a JSON object"),
+     ("header length 10", "past the end")),
+    ("header not JSON", struct.pack("<Q", 3) + b"{{{", ("header", "not JSON")),
+    ("header a list", struct.pack("<Q", 2) + b"[]", ("header", "not a JSON object")),
     ("metadata not strings", _raw({"__metadata__": {"model": 1}}),
-     "__metadata__ must map names to strings"),
-    ("metadata a list", _raw({"__metadata__": ["m"]}), "__metadata__ must map names to strings"),
+     ("__metadata__", "strings")),
+    ("metadata a list", _raw({"__metadata__": ["m"]}), ("__metadata__", "strings")),
     ("negative dimension", _raw({"lengths": _entry("I64", [-1], 0, 0)}),
-     "tensor 'lengths' has no valid dtype, shape and data_offsets"),
+     ("'lengths'", "dtype, shape and data_offsets")),
     ("dimension a string", _raw({"lengths": _entry("I64", ["1"], 0, 8)}, b"\x00" * 8),
-     "tensor 'lengths' has no valid dtype, shape and data_offsets"),
+     ("'lengths'", "dtype, shape and data_offsets")),
     # 2**32 * 2**32 elements: 0 in int64 arithmetic, which would "fit" offsets [0, 0]
     ("size past int64", _raw({"sequences": _entry("F32", [2**32, 2**32], 0, 0)}),
-     "tensor 'sequences' does not fit its data_offsets"),
+     ("'sequences'", "does not fit", "data_offsets")),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("body", "why"), [c[1:] for c in HEADER_REFUSALS],
                          ids=[c[0] for c in HEADER_REFUSALS])  # fmt: skip
-def test_header_refusals_word_for_word(body: bytes, why: str) -> None:
-    assert _refusal(body) == (400, "invalid_safetensors", NOT_ST + why, ())
+def test_header_refusals_name_what_is_wrong(body: bytes, why: tuple[str, ...]) -> None:
+    status, kind, message, loc = _refusal(body)
+    assert (status, kind, loc) == (400, "invalid_safetensors", ())
+    assert mentions(message, NOT_ST, *why)
 
 
 TENSOR_REFUSALS = [
     ("no lengths", save({"sequences": GOOD}),
-     ("missing", "tensor 'lengths' is required", ("lengths",))),
+     ("missing", ("'lengths'", "required"), ("lengths",))),
     ("no data", save({"lengths": np.array([2])}),
-     ("missing", "tensor 'sequences' is required", ("sequences",))),
+     ("missing", ("'sequences'", "required"), ("sequences",))),
     ("float64 data", save({"sequences": GOOD.astype(np.float64), "lengths": np.array([2])}),
-     ("wrong_dtype", "tensor 'sequences' must be F32, not F64", ("sequences",))),
+     ("wrong_dtype", ("'sequences'", "F32", "not F64"), ("sequences",))),
     ("3-D data", save({"sequences": GOOD[None], "lengths": np.array([2])}),
-     ("wrong_shape", "tensor 'sequences' must be 2-D [sum of lengths, features], not [1, 2, 3]",
+     ("wrong_shape", ("'sequences'", "2-D", "not [1, 2, 3]"),
       ("sequences",))),
     ("2-D lengths", save({"sequences": GOOD, "lengths": np.array([[2]])}),
-     ("wrong_shape", "tensor 'lengths' must be 1-D [sequences], not [1, 1]", ("lengths",))),
+     ("wrong_shape", ("'lengths'", "1-D", "not [1, 1]"), ("lengths",))),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("body", "want"), [c[1:] for c in TENSOR_REFUSALS],
                          ids=[c[0] for c in TENSOR_REFUSALS])  # fmt: skip
-def test_tensor_refusals_word_for_word(body: bytes, want: tuple[str, str, tuple[Any, ...]]) -> None:
-    assert _refusal(body) == (422, *want)
+def test_tensor_refusals_name_the_tensor(
+    body: bytes, want: tuple[str, tuple[str, ...], tuple[Any, ...]]
+) -> None:
+    status, kind, message, loc = _refusal(body)
+    assert (status, kind, loc) == (422, want[0], want[2])
+    assert mentions(message, *want[1])
 
 
 def test_aligned_tensors_are_views_of_the_body_and_unaligned_ones_aligned_copies() -> None:
@@ -146,46 +159,48 @@ SMALL = Limits(max_sequences=3, max_sequence_length=4, max_timesteps=6)
 Z = np.zeros((7, 3), np.float32)
 BODY_REFUSALS = [
     ("extra tensor", _st(Z[:2], [2], extra=np.zeros(1)), 3,
-     (422, "unknown_field", "unknown tensor 'extra' (expected 'sequences' and 'lengths')",
+     (422, "unknown_field", ("'extra'", "'sequences'", "'lengths'"),
       ("extra",))),
     ("no sequences", _st(Z[:0], []), 3,
-     (422, "empty", "'sequences' holds no sequences", ("sequences",))),
+     (422, "empty", ("'sequences'", "no sequences"), ("sequences",))),
     ("negative length", _st(Z[:2], [0, 3, -1]), 3,
-     (422, "wrong_lengths", "sequence 2 has a negative length", ("lengths", 2))),
+     (422, "wrong_lengths", ("sequence 2", "negative length"), ("lengths", 2))),
     ("zero lengths", _st(Z[:2], [2, 0, 0]), 3,
-     (422, "empty", "sequence 1 has no steps", ("sequences", 1))),
+     (422, "empty", ("sequence 1", "no steps"), ("sequences", 1))),
     ("lengths short", _st(Z[:2], [1]), 3,
-     (422, "wrong_lengths", "lengths add up to 1 steps; tensor 'sequences' has 2 rows",
+     (422, "wrong_lengths", ("1 steps", "'sequences'", "2 rows"),
       ("lengths",))),
     ("no features", _st(np.zeros((2, 0), np.float32), [2]), 3,
-     (422, "empty", "sequence 0, step 0 has no features", ("sequences", 0, 0))),
+     (422, "empty", ("sequence 0, step 0", "no features"), ("sequences", 0, 0))),
     ("too many sequences", _st(Z[:4], [1, 1, 1, 1]), 3,
-     (413, "too_many_sequences", "request has 4 sequences; the limit is 3", ("sequences",))),
+     (413, "too_many_sequences", ("4 sequences", "limit is 3"), ("sequences",))),
     ("first too long", _st(Z[:5], [5]), 3,
-     (413, "sequence_too_long", "sequence 0 has 5 steps; the limit is 4", ("sequences", 0))),
+     (413, "sequence_too_long", ("sequence 0", "5 steps", "limit is 4"), ("sequences", 0))),
     ("too long", _st(Z[:7], [1, 5, 1]), 3,
-     (413, "sequence_too_long", "sequence 1 has 5 steps; the limit is 4", ("sequences", 1))),
+     (413, "sequence_too_long", ("sequence 1", "5 steps", "limit is 4"), ("sequences", 1))),
     ("too many steps", _st(Z[:7], [4, 3]), 3,
-     (413, "too_many_timesteps", "request has 7 timesteps in all; the limit is 6",
+     (413, "too_many_timesteps", ("7 timesteps", "limit is 6"),
       ("sequences",))),
     ("wrong width", _st(Z[:2], [2]), 5,
-     (422, "wrong_feature_count", "sequence 0, step 0: has 3 features; model 'm' takes 5",
+     (422, "wrong_feature_count", ("sequence 0, step 0", "3 features", "'m'", "takes 5"),
       ("sequences", 0, 0))),
     ("NaN", _st(_nan_at(5, 3, 1), [2, 3]), 3,
-     (422, "non_finite", "sequence 1, step 1, feature 1: value is not a finite number",
+     (422, "non_finite", ("sequence 1, step 1, feature 1", "not a finite number"),
       ("sequences", 1, 1, 1))),
     ("NaN first", _st(_nan_at(5, 0, 0), [2, 3]), 3,
-     (422, "non_finite", "sequence 0, step 0, feature 0: value is not a finite number",
+     (422, "non_finite", ("sequence 0, step 0, feature 0", "not a finite number"),
       ("sequences", 0, 0, 0))),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("body", "width", "want"), [c[1:] for c in BODY_REFUSALS],
                          ids=[c[0] for c in BODY_REFUSALS])  # fmt: skip
-def test_body_refusals_word_for_word(
-    body: bytes, width: int, want: tuple[int, str, str, tuple[Any, ...]]
+def test_body_refusals_name_the_place_and_the_limit(
+    body: bytes, width: int, want: tuple[int, str, tuple[str, ...], tuple[Any, ...]]
 ) -> None:
-    assert _refusal(body, width, SMALL) == want
+    status, kind, message, loc = _refusal(body, width, SMALL)
+    assert (status, kind, loc) == (want[0], want[1], want[3])
+    assert mentions(message, *want[2])
 
 
 def test_a_body_exactly_at_every_limit_is_accepted() -> None:
@@ -254,7 +269,7 @@ def test_warm_up_says_when_the_fast_path_refuses_its_own_body(
     monkeypatch.setattr(bodies, "decode", lambda *args: None)
     with pytest.raises(RuntimeError) as err:
         bodies.warm_up()
-    assert str(err.value) == "the JSON fast path refused its own warm-up body"
+    assert mentions(str(err.value), "fast path", "warm-up")
 
 
 def test_encode_both_formats() -> None:
@@ -279,9 +294,9 @@ def test_encode_both_formats() -> None:
 
 def test_parse_float_refuses_what_is_not_one_json_number() -> None:
     for text in (b"1x", b"", b"01", b"1.", b"--1"):
-        with pytest.raises(ValueError, match=r"^not a JSON number: ") as err:
+        with pytest.raises(ValueError, match="not a JSON number") as err:
             bodies.parse_float(text)
-        assert str(err.value) == f"not a JSON number: {text!r}"
+        assert repr(text) in str(err.value)
 
 
 def test_safetensors_parts_any_number_of_tensors_aligned_and_not_copied() -> None:
@@ -323,9 +338,8 @@ def test_non_finite_error_without_a_place_says_which_field() -> None:
     from rnnserve.service.interface import FlatSequences
 
     err = bodies.non_finite_error(FlatSequences(np.ones((3, 2), np.float32), np.array([3])), "xs")
-    assert (err.status, err.type, err.message, err.loc) == (
-        422, "non_finite", "'xs' holds a value that is not finite", ("xs",)
-    )  # fmt: skip
+    assert (err.status, err.type, err.loc) == (422, "non_finite", ("xs",))
+    assert mentions(err.message, "'xs'", "not finite")
 
 
 def test_json_runs_again_with_room_for_every_slow_number(monkeypatch: pytest.MonkeyPatch) -> None:
