@@ -3,8 +3,9 @@
 A model directory holds one ``<name>.safetensors`` file per model. The file's metadata names the
 model's ``kind`` (``smoother``, ``traveller`` or ``recurrent``: your own LSTM/GRU stack with a
 linear head, see :mod:`rnnserve.models.recurrent` and ``rnnserve export``) and its
-constructor ``config`` as JSON; the tensors are the module's ``state_dict`` under the keys SYSTEM.md
-lists. The default models ship inside this package (``models/weights``).
+constructor ``config`` as JSON; the tensors are the module's ``state_dict`` (:func:`save` writes
+such a file; ``rnnserve export`` writes one from your own checkpoint). The default models ship
+inside this package (``models/weights``).
 
 A model directory may also hold ``<name>.torchscript.pt`` files (kind ``torchscript``, see
 :mod:`rnnserve.models.torchscript`): TorchScript archives are code, so they are loaded only when the
@@ -186,20 +187,21 @@ def read(
         known = ", ".join(available(root)) or "none"
         raise ModelNotFound(f"no model {name!r} in {root} (available: {known})")
     try:
+        # safetensors reports every failure to open as "No such file or directory"; opening
+        # the file here first gives the real reason (a permission the server's user lacks)
+        with open(path, "rb"):
+            pass
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
         tensors = load_file(str(path))
     except OSError as exc:
-        raise ModelLoadError(f"{path}: cannot read the file: {exc.strerror or exc}") from exc
+        raise ModelLoadError(f"{path}: cannot read the file: {_os_reason(exc)}") from exc
     except Exception as exc:  # safetensors raises its own error type for bad headers
         raise ModelLoadError(
-            f"{path}: not a valid safetensors file ({_first_line(exc)}); write models with "
-            "models.save"
+            f"{path}: not a valid safetensors file ({_first_line(exc)}); {_NOT_A_MODEL}"
         ) from exc
     if "kind" not in meta or "config" not in meta:
-        raise ModelLoadError(
-            f"{path}: no rnnserve metadata (kind, config); write models with models.save"
-        )
+        raise ModelLoadError(f"{path}: no rnnserve metadata (kind, config); {_NOT_A_MODEL}")
     try:
         config = json.loads(meta["config"])
         if not isinstance(config, dict):
@@ -244,6 +246,21 @@ def load(
     if isinstance(model, Traveller):
         model.compile_rollout(rollout_backend)
     return model
+
+
+# what to do about a .safetensors file in a model directory that is not an rnnserve model
+_NOT_A_MODEL = (
+    "write your model with rnnserve export (or rnnserve.models.save), or move this file out of "
+    "the model directory"
+)
+
+
+def _os_reason(exc: OSError) -> str:
+    if isinstance(exc, PermissionError):
+        return (
+            "permission denied (the server's user cannot read it: make it readable, e.g. chmod 644)"
+        )
+    return (exc.strerror or str(exc)).lower()
 
 
 def _first_line(exc: BaseException) -> str:

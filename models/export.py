@@ -25,8 +25,14 @@ Two ways to give the model:
   child named ``head``, ``fc``, ``linear``, ``dense``, ``out`` or ``output_layer`` (or its only
   Linear). The check runs your own submodules, in your own ``batch_first`` layout.
 
-The activation is not in the weights: say it with ``--activation`` (none, tanh, sigmoid,
-l2_normalize; default none).
+The activation is not in the weights, so ``--activation`` is required (none, tanh, sigmoid,
+l2_normalize): a default would serve a tanh, sigmoid or L2 head without it, and the check, which
+applies the same activation to both sides, would not notice.
+
+Files are written world-readable (0644): the server's image runs as another user than the one
+who exports. The command imports ``rnnserve.models``, never a top-level ``models``, so a user's
+own ``models`` package in the working folder is not imported; ``--factory`` modules are looked
+up from the working folder first, as ``python -m`` would.
 
 ``--torchscript`` instead exports any module with the packed-sequence signature of
 :mod:`rnnserve.models.torchscript` (``forward(data [N, F_in], batch_sizes [T]) -> [N, F_out]``),
@@ -43,6 +49,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import os
 import re
 import sys
 import tempfile
@@ -62,6 +69,8 @@ from rnnserve.models.recurrent import ACTIVATIONS, CELLS, RecurrentConfig, Recur
 RNN_NAMES = ("rnn", "gru", "lstm", "encoder")
 HEAD_NAMES = ("head", "fc", "linear", "dense", "out", "output", "output_layer", "proj")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+PROG = "rnnserve export"
+FILE_MODE = 0o644  # readable by the server, which runs as its own user (UID 10001 in the image)
 
 
 class ExportError(ValueError):
@@ -101,7 +110,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
     except Exception as exc:
         raise ExportError(
             f"{path}: cannot be read as a state_dict with torch.load(weights_only=True) "
-            f"({_line(exc)}); save model.state_dict(), not the model"
+            f"({_unpickler_reason(exc)}); save model.state_dict(), not the model"
         ) from exc
     if isinstance(obj, dict):  # {"state_dict": {...}}, {"model": {...}}: a training checkpoint
         for key in ("state_dict", "model_state_dict", "model"):
@@ -116,12 +125,22 @@ def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
     return {str(k): v for k, v in obj.items()}
 
 
+def _unpickler_reason(exc: BaseException) -> str:
+    """What torch.load(weights_only=True) refused: its "WeightsUnpickler error" sentence, which
+    names the class a pickled module needs, rather than the advice torch puts first."""
+    for line in str(exc).splitlines():
+        _, marker, reason = line.partition("WeightsUnpickler error:")
+        if marker:
+            return _line(ValueError(reason.split(". ", 1)[0].strip().rstrip(".")))
+    return _line(exc)
+
+
 def find_in_module(
     module: nn.Module, rnn_key: str | None = None, head_key: str | None = None
 ) -> Found:
     """The RNN and the head of a user's module (see the module docstring for the names)."""
-    rnn = _pick(module, (nn.LSTM, nn.GRU), rnn_key, RNN_NAMES, "an nn.LSTM or nn.GRU")
-    head = _pick(module, (nn.Linear,), head_key, HEAD_NAMES, "an nn.Linear head")
+    rnn = _pick(module, (nn.LSTM, nn.GRU), rnn_key, RNN_NAMES, "nn.LSTM or nn.GRU")
+    head = _pick(module, (nn.Linear,), head_key, HEAD_NAMES, "nn.Linear head")
     assert isinstance(rnn, nn.LSTM | nn.GRU)
     assert isinstance(head, nn.Linear)
     return Found(rnn, head, bool(rnn.batch_first))
@@ -138,7 +157,7 @@ def _pick(
     if key is not None:
         sub = found.get(key)
         if not isinstance(sub, types):
-            raise ExportError(f"{type(module).__name__}.{key} is not {what}")
+            raise ExportError(f"{type(module).__name__}.{key} is not an {what}")
         return sub
     for name in names:
         sub = found.get(name)
@@ -148,8 +167,12 @@ def _pick(
     if len(matches) == 1:
         only: nn.Module = found[matches[0]]
         return only
-    say = f"several: {', '.join(matches)}; pick one" if matches else "none"
-    raise ExportError(f"{type(module).__name__} has {what}: {say} (--rnn-key / --head-key)")
+    owner = type(module).__name__
+    if not matches:
+        raise ExportError(f"{owner} has no {what} (name it with --rnn-key / --head-key)")
+    raise ExportError(
+        f"{owner} has several {what}s ({', '.join(matches)}); pick one with --rnn-key / --head-key"
+    )
 
 
 def find_in_state_dict(
@@ -159,10 +182,10 @@ def find_in_state_dict(
     head_key: str | None = None,
 ) -> tuple[Found, RecurrentConfig]:
     """Rebuild the user's RNN and head from their tensors; ``config`` flags must agree."""
-    rnn_prefix = _prefix(tensors, "weight_ih_l0", rnn_key, RNN_NAMES, "an LSTM/GRU")
+    rnn_prefix = _prefix(tensors, "weight_ih_l0", rnn_key, RNN_NAMES, "LSTM/GRU")
     rnn_t = {k[len(rnn_prefix) :]: v for k, v in tensors.items() if k.startswith(rnn_prefix)}
     rest = {k: v for k, v in tensors.items() if not k.startswith(rnn_prefix)}
-    head_prefix = _prefix(rest, "weight", head_key, HEAD_NAMES, "a linear head", two_d=True)
+    head_prefix = _prefix(rest, "weight", head_key, HEAD_NAMES, "linear head", two_d=True)
     head_t = {k[len(head_prefix) :]: v for k, v in rest.items() if k.startswith(head_prefix)}
     unused = sorted(k for k in rest if not k.startswith(head_prefix))
     if unused:
@@ -219,7 +242,7 @@ def _prefix(
     if key is not None:
         prefix = f"{key}." if key else ""
         if f"{prefix}{suffix}" not in tensors:
-            raise ExportError(f"no tensor {prefix}{suffix} for {what} (--rnn-key / --head-key)")
+            raise ExportError(f"no tensor {prefix}{suffix} for the {what} (--rnn-key / --head-key)")
         return prefix
     prefixes = [
         k[: -len(suffix)]
@@ -232,8 +255,15 @@ def _prefix(
         prefixes = named if len(named) == 1 else prefixes
     if len(prefixes) == 1:
         return prefixes[0]
-    say = f"several ({', '.join(p.rstrip('.') for p in prefixes)})" if prefixes else "none"
-    raise ExportError(f"the checkpoint has {what}: {say}; name it with --rnn-key / --head-key")
+    if not prefixes:
+        raise ExportError(
+            f"the checkpoint has no {what} (no <prefix>.{suffix} tensor); name it with "
+            "--rnn-key / --head-key"
+        )
+    shown = ", ".join(p.rstrip(".") for p in prefixes)
+    raise ExportError(
+        f"the checkpoint has several {what}s ({shown}); pick one with --rnn-key / --head-key"
+    )
 
 
 def config_of(found: Found, activation: str, given: dict[str, Any]) -> RecurrentConfig:
@@ -353,8 +383,14 @@ def export(
             loaded, lambda x: reference(found, cfg.activation, x), cfg.input_size, tolerance
         )
         target = out / f"{name}.safetensors"
-        (Path(tmp) / f"{name}.safetensors").replace(target)
+        _put_in_place(Path(tmp) / f"{name}.safetensors", target)
     return target, worst
+
+
+def _put_in_place(written: Path, target: Path) -> None:
+    # safetensors and tempfile write 0600: the server, another user, could not read the file
+    written.chmod(FILE_MODE)
+    written.replace(target)
 
 
 def one_sequence(module: nn.Module, x: Tensor) -> Tensor:
@@ -420,7 +456,7 @@ def export_torchscript(
                 f"rnnserve calls {torchscript.SIGNATURE}"
             ) from exc
         target = out / f"{name}{torchscript.SUFFIX}"
-        written.replace(target)
+        _put_in_place(written, target)
     return target, output_size, worst
 
 
@@ -435,7 +471,7 @@ def script_error(exc: BaseException) -> str:
             where = f"{Path(found[1]).name}, line {found[2]}"
         if "<--- HERE" in ln and i > 0:
             where += f": {lines[i - 1].strip()}"
-    return f"{what} ({where})"[:300] if where else what[:300]
+    return torchscript.clip(f"{what} ({where})" if where else what)
 
 
 def _output_width(module: nn.Module, input_size: int) -> int:
@@ -462,6 +498,7 @@ def _factory(path: str) -> nn.Module:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ExportError(f"--factory {path!r}: write it as package.module:callable")
+    _search_the_working_folder()
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
@@ -474,14 +511,35 @@ def _factory(path: str) -> nn.Module:
     return made
 
 
+def _search_the_working_folder() -> None:
+    # the console script's sys.path starts at its own bin folder, not where the user runs it
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+
+
 def _line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:300] or type(exc).__name__
+    return torchscript.clip(str(exc)) or type(exc).__name__
+
+
+def _refuse(where: object, exc: BaseException) -> int:
+    """Print an export refusal as one line, naming ``where`` once; exit status 2."""
+    message = torchscript.clip(str(exc), limit=1000)  # its parts are clipped already
+    subject = str(where)
+    if subject not in message:  # most messages name their file or module already
+        message = f"{subject}: {message}"
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_failed(exc: BaseException) -> int:
+    print(f"{PROG}: check failed: {torchscript.clip(str(exc))}", file=sys.stderr)
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="rnnserve export",
+        prog=PROG,
         description="Export your own LSTM/GRU + linear head model as <out-dir>/<name>.safetensors "
         "(kind recurrent) and check that it answers like yours.",
     )
@@ -494,7 +552,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hidden-size", type=int)
     p.add_argument("--num-layers", type=int)
     p.add_argument("--head-size", type=int)
-    p.add_argument("--activation", choices=ACTIVATIONS, default="none")
+    p.add_argument(
+        "--activation",
+        choices=ACTIVATIONS,
+        help="the output activation after the head (not in the weights; required unless "
+        "--torchscript)",
+    )
     p.add_argument("--rnn-key", help="the RNN's name in your module or checkpoint (e.g. gru)")
     p.add_argument("--head-key", help="the head's name in your module or checkpoint (e.g. fc)")
     p.add_argument("--tolerance", type=float, default=1e-5)
@@ -511,7 +574,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.torchscript:
         if args.factory is None:
             p.error("--torchscript needs --factory (and --checkpoint to load its weights)")
+        if args.activation is not None:
+            p.error("--activation is for the recurrent kind; a TorchScript module applies its own")
         return _main_torchscript(args)
+    if args.activation is None:
+        p.error(
+            "--activation is required (the weights do not hold it): one of "
+            + ", ".join(ACTIVATIONS)
+        )
     given = {
         "cell": args.cell,
         "input_size": args.input_size,
@@ -531,11 +601,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = replace(cfg, activation=args.activation)
         path, worst = export(found, cfg, args.name, args.out_dir, args.tolerance)
     except ExportError as exc:
-        print(f"rnnserve.models.export: {where}: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(where, exc)
     except CheckFailed as exc:
-        print(f"rnnserve.models.export: check failed: {exc}", file=sys.stderr)
-        return 1
+        return _check_failed(exc)
     print(
         f"wrote {path} (recurrent: {cfg.cell}, {_summary(cfg)}, activation {cfg.activation}); "
         f"answers like yours to {worst:.2g} (tolerance {args.tolerance:g})"
@@ -568,11 +636,9 @@ def _main_torchscript(args: argparse.Namespace) -> int:
             user, input_size, args.name, args.out_dir, args.tolerance
         )
     except ExportError as exc:
-        print(f"rnnserve.models.export: {args.factory}: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(args.factory, exc)
     except CheckFailed as exc:
-        print(f"rnnserve.models.export: check failed: {exc}", file=sys.stderr)
-        return 1
+        return _check_failed(exc)
     print(
         f"wrote {path} (torchscript: input size {input_size}, output size {width}); answers like "
         f"yours to {worst:.2g} (tolerance {args.tolerance:g}); it is code: serve it with "

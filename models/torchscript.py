@@ -36,6 +36,7 @@ two tensors, or whose answer to the probe is not ``[N, F_out]``, is refused at l
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -210,10 +211,25 @@ def save(module: torch.jit.ScriptModule, path: Path, input_size: int, output_siz
     torch.jit.save(module, str(path), _extra_files={META: meta})
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")  # CSI sequences, then 2-byte ones
+
+
+def clip(text: str, limit: int = 300) -> str:
+    """``text`` as one line for a terminal: ANSI escapes (torch colours some errors) removed,
+    whitespace collapsed, and at most ``limit`` characters, cut between words ("...")."""
+    line = " ".join(_ANSI.sub("", text).split())
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 3]
+    if line[limit - 3] != " " and " " in cut:  # the cut fell inside a word: drop that word
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip() + "..."
+
+
 def first_line(exc: BaseException) -> str:
     """The telling line of an error (TorchScript's carry a traceback of the script)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
     for ln in reversed(lines):
         if ln.startswith(("RuntimeError:", "ValueError:", "TypeError:", "IndexError:")):
-            return ln[:300]
-    return (lines[0] if lines else type(exc).__name__)[:300]
+            return clip(ln)
+    return clip(lines[0] if lines else type(exc).__name__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -230,6 +231,12 @@ def test_first_line() -> None:
     assert models._first_line(KeyError()) == "KeyError"
 
 
+DENIED = (
+    "cannot read the file: permission denied (the server's user cannot read it: make it "
+    "readable, e.g. chmod 644)"
+)
+
+
 def test_unreadable_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _resave_without(tmp_path)
     path = tmp_path / "t.safetensors"
@@ -237,18 +244,35 @@ def test_unreadable_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     def denied(*args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(models, "safe_open", denied)
+    def as_safetensors_says(*args: object, **kwargs: object) -> None:
+        # safetensors turns every failure to open into this, whatever the reason
+        raise FileNotFoundError(f"No such file or directory: {path}")
+
+    monkeypatch.setattr(models, "open", denied, raising=False)
+    monkeypatch.setattr(models, "safe_open", as_safetensors_says)
     with pytest.raises(models.ModelLoadError) as err:
         models.read("t", tmp_path)
-    assert str(err.value) == f"{path}: cannot read the file: Permission denied"
+    assert str(err.value) == f"{path}: {DENIED}"
+
+    monkeypatch.undo()
 
     def gone(*args: object, **kwargs: object) -> None:
-        raise OSError("disk went away")
+        raise OSError("Disk went away")
 
     monkeypatch.setattr(models, "safe_open", gone)
     with pytest.raises(models.ModelLoadError) as err:
         models.read("t", tmp_path)
     assert str(err.value) == f"{path}: cannot read the file: disk went away"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
+def test_a_file_the_server_cannot_read_says_permission_denied(tmp_path: Path) -> None:
+    _resave_without(tmp_path)
+    path = tmp_path / "t.safetensors"
+    path.chmod(0)
+    with pytest.raises(models.ModelLoadError) as err:
+        models.read("t", tmp_path)
+    assert str(err.value) == f"{path}: {DENIED}"
 
 
 def test_not_safetensors_is_refused_with_the_library_reason(tmp_path: Path) -> None:
@@ -260,7 +284,8 @@ def test_not_safetensors_is_refused_with_the_library_reason(tmp_path: Path) -> N
     with pytest.raises(models.ModelLoadError) as err:
         models.read("junk", tmp_path)
     assert str(err.value) == (
-        f"{path}: not a valid safetensors file ({reason}); write models with models.save"
+        f"{path}: not a valid safetensors file ({reason}); write your model with rnnserve "
+        "export (or rnnserve.models.save), or move this file out of the model directory"
     )
 
 
