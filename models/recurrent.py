@@ -4,11 +4,10 @@ head, and an output activation, served on the packed path.
 The architecture is the one most users train: ``rnn = nn.GRU|nn.LSTM(input_size, hidden_size,
 num_layers)``, ``head = nn.Linear(hidden_size, head_size)``, then per step one of ``none``,
 ``tanh``, ``sigmoid`` or ``l2_normalize`` (``y / ||y||_2`` over the step's ``head_size`` outputs,
-as seed 003 divides each output step by its L2 norm). Its ``state_dict`` keys are
+as examples/gru_encoder.py divides each output step by its L2 norm). Its ``state_dict`` keys are
 ``rnn.weight_ih_l0``, ..., ``head.weight``, ``head.bias``: exactly those of ``nn.GRU`` /
-``nn.LSTM`` and ``nn.Linear`` under the names ``rnn`` and ``head``. ``python -m
-rnnserve.models.export`` maps a user's own names (``gru``, ``lstm``, ``fc``, ``dense``, ...) to
-these.
+``nn.LSTM`` and ``nn.Linear`` under the names ``rnn`` and ``head``. ``rnnserve export`` maps a
+user's own names (``gru``, ``lstm``, ``fc``, ``dense``, ...) to these.
 
 ``forward`` takes one :class:`PackedSequence` of all the batch's sequences: the whole stack runs
 in one call (cuDNN on CUDA, oneDNN/ATen on the CPU), the head and the activation run on the

@@ -159,8 +159,8 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
       ``"triton"`` when triton imports, else ``"torchscript"``.
     """
     if backend == "auto" and device.type == "cpu":
-        # The numba loop beat TorchScript on one core at B=1 and at B=64 (by 3-5x and ~2x,
-        # bench/rollout_cpu_probe.py); TorchScript stays the CPU choice where numba is missing.
+        # The numba loop beats TorchScript on one core at one row and at 64 rows
+        # (docs/BENCHMARKS.md); TorchScript stays the CPU choice where numba is missing.
         try:
             import rnnserve.models.kernels.rollout_cpu  # noqa: F401
         except ImportError:

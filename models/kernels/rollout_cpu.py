@@ -5,7 +5,7 @@
 the whole time loop runs in one numba call that releases the GIL, so it runs in the service's worker
 thread without holding up the event loop. A layer's gates ``[b, 4H] = z[:b] @ W`` come, per step,
 from one of two places, chosen by
-the number of active rows ``b`` (measured on one core, bench/rollout_cpu_probe.py):
+the number of active rows ``b`` (the crossover bench/rollout_cpu_probe.py measures on one core):
 
 - one row (``b < GEMM_FROM``): a hand-written matrix-vector loop. Eight weight rows at a time
   are scaled into the ``4H`` outputs; the inner loop runs over contiguous outputs, so it
@@ -59,7 +59,8 @@ def _mkl_gemm() -> tuple[Any, Any] | None:
     """MKL's Fortran ``sgemm_``/``dgemm_`` as ctypes functions, if this torch build exports them.
 
     PyTorch's x86-64 Linux wheels link MKL statically into ``libtorch_cpu`` and export its BLAS
-    interface; on one core it runs these small GEMMs 1.4-2x faster than scipy's OpenBLAS. MKL's
+    interface; on one core it runs these small GEMMs faster than scipy's OpenBLAS
+    (bench/rollout_cpu_probe.py measures both; figures in docs/BENCHMARKS.md). MKL's
     threads follow torch's (``torch.set_num_threads``), as the service sets them.
     """
     lib_dir = Path(torch.__file__).parent / "lib"

@@ -414,10 +414,12 @@ class TritonRollout:
     ``max_chunk``: the most steps one CUDA graph holds (a power of two); ``graphs``: replay
     CUDA graphs (default: on CUDA devices) or launch every kernel from Python (the CPU path, and a
     reference for the graphs); ``precision``: ``tl.dot``'s ``input_precision`` for float32
-    (``"ieee"`` matches the CPU to 1e-5; ``"tf32x3"`` uses tensor cores, to be measured);
+    (``"ieee"`` matches the CPU to 1e-5; ``"tf32x3"`` uses tensor cores, not the default while
+    its speed is unmeasured);
     ``config``: tiles, by default :func:`kernel_config`; ``pdl``: launch the step kernels with
     programmatic dependent launch (Hopper; each waits for the one before with ``gdc_wait``), so a
-    launch's scheduling overlaps the previous kernel: off until measured; CUDA only.
+    launch's scheduling overlaps the previous kernel: off by default, as its gain is unmeasured;
+    CUDA only.
     """
 
     def __init__(
