@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from rnnserve import models
+from rnnserve._core import _parse_retry_after
 from rnnserve.client import (
     AsyncClient,
     BadRequest,
@@ -35,7 +36,6 @@ from rnnserve.client import (
     ProtocolError,
     RnnserveError,
     ServerError,
-    _parse_retry_after,
 )
 from rnnserve.models.packing import pack, unpack
 from rnnserve.service.config import Settings

@@ -1,0 +1,307 @@
+"""The client's I/O, written once with async/await in ``rnnserve/_async_client.py``
+(:class:`AsyncClient`, :class:`AsyncRolloutStream`); ``scripts/unasync.py`` takes the
+``async``/``await`` out to make ``rnnserve/_sync_client.py`` (:class:`Client`,
+:class:`RolloutStream`). Everything without I/O lives in :mod:`rnnserve._core`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from rnnserve._core import (
+    RETRY_STATUSES,
+    USE_DEFAULT,
+    BinaryMode,
+    Chunk,
+    ModelInfo,
+    ProtocolError,
+    Timeout,
+    _as_batch,
+    _Attempt,
+    _Batch,
+    _Core,
+    _Deadline,
+    _decode_line,
+    _error_from,
+    _infer_body,
+    _infer_headers,
+    _read_answer,
+    model_path,
+    read_models,
+    sleep_async,
+    stream_error,
+)
+from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, Endpoint
+
+
+class AsyncClient:
+    """An rnnserve client (:class:`AsyncClient`: its methods are coroutines; :class:`Client`: the
+    same methods, blocking).
+
+    ``timeout``: the default deadline of each call in seconds, retries and waits included
+    (``None``: none); every method takes its own ``timeout=``. ``retries``: how many times a
+    429/503 answer (and a failed connection, for GETs or with ``retry_posts=True``) is retried,
+    after ``Retry-After`` (capped at ``max_retry_wait``, plus up to 20 % jitter).
+    ``binary``: ``"auto"`` sends the safetensors format and falls back to JSON for good if the
+    server refuses it (400/415); ``"always"``/``"never"`` force it. ``transport``: an
+    ``httpx.BaseTransport`` for the Client, an ``httpx.AsyncBaseTransport`` (e.g.
+    ``httpx.ASGITransport(app)``) for the AsyncClient. ``http_client`` replaces the httpx client
+    the client would make (an ``httpx.Client``, or ``httpx.AsyncClient``; its own base URL,
+    transport and settings then apply).
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        timeout: float | None = 30.0,
+        retries: int = 3,
+        binary: BinaryMode = "auto",
+        retry_posts: bool = False,
+        max_retry_wait: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._core = _Core(
+            timeout=timeout,
+            retries=retries,
+            binary=binary,
+            retry_posts=retry_posts,
+            max_retry_wait=max_retry_wait,
+        )
+        self._http = http_client or httpx.AsyncClient(
+            base_url=base_url, headers=headers, transport=transport, timeout=None
+        )
+
+    @property
+    def base_url(self) -> str:
+        return str(self._http.base_url)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base_url!r}, binary={self._core.binary!r})"
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections (the client cannot be used afterwards)."""
+        await self._http.aclose()
+
+    # the endpoints
+
+    async def smooth(
+        self,
+        sequences: Any,
+        model: str | None = None,
+        *,
+        timeout: Timeout = USE_DEFAULT,  # noqa: ASYNC109
+    ) -> Any:
+        """Smooth one ``[T, F]`` sequence or several; the outputs mirror the input (module doc)."""
+        return await self._infer(SMOOTH, SMOOTH.path, sequences, model, timeout)
+
+    async def rollout(
+        self,
+        inputs: Any,
+        model: str | None = None,
+        *,
+        timeout: Timeout = USE_DEFAULT,  # noqa: ASYNC109
+    ) -> Any:
+        """Roll the Traveller out over one ``[T, num_inputs]`` sequence or several: ``[T, 2]``."""
+        return await self._infer(ROLLOUT, ROLLOUT.path, inputs, model, timeout)
+
+    async def infer(
+        self,
+        name: str,
+        inputs: Any,
+        *,
+        timeout: Timeout = USE_DEFAULT,  # noqa: ASYNC109
+    ) -> Any:
+        """Run model ``name`` (any kind: your own ``recurrent`` or ``torchscript`` model too) over
+        one ``[T, F_in]`` sequence or several (``POST /models/{name}/infer``); ``[T, F_out]``."""
+        return await self._infer(INFER, model_path(name), inputs, None, timeout)
+
+    def stream_rollout(
+        self,
+        inputs: Any,
+        model: str | None = None,
+        *,
+        timeout: Timeout = USE_DEFAULT,
+    ) -> AsyncRolloutStream:
+        """The rollout as the server streams it: ``(sequence, start_step, positions)`` chunks
+        (``async for`` them from the AsyncClient, ``for`` from the Client).
+
+        The request is sent when iteration starts. Close the stream (``with`` block, ``close()``;
+        ``async with``, ``aclose()``) to stop early: the connection closes and the server drops
+        the rollout. ``timeout`` covers the whole stream.
+        """
+        return AsyncRolloutStream(self, _as_batch(inputs), model, self._core.deadline(timeout))
+
+    async def models(self, *, timeout: Timeout = USE_DEFAULT) -> list[ModelInfo]:  # noqa: ASYNC109
+        """The served models (``GET /models``)."""
+        response = await self._send("GET", "/models", None, {}, self._attempt(timeout, get=True))
+        await self._raise_for(response)
+        return read_models(response)
+
+    async def ready(self, *, timeout: Timeout = USE_DEFAULT) -> bool:  # noqa: ASYNC109
+        """Whether the server is ready for traffic: one ``GET /readyz``, no retries."""
+        deadline = self._core.deadline(timeout)
+        try:
+            response = await self._http.get("/readyz", timeout=deadline.httpx_timeout())
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    async def wait_ready(self, timeout: float | None = 60.0, interval: float = 0.1) -> None:  # noqa: ASYNC109
+        """Poll ``/readyz`` until the server is ready; else :class:`DeadlineExceeded`."""
+        deadline = _Deadline(timeout)
+        while not await self.ready(timeout=deadline.probe()):
+            left = deadline.remaining()
+            if left is not None and left <= interval:
+                raise deadline.exceeded(f"{self.base_url} not ready")
+            await sleep_async(interval)
+
+    # plumbing
+
+    def _attempt(self, timeout: Timeout, *, get: bool) -> _Attempt:
+        return _Attempt(self._core.deadline(timeout), get or self._core.retry_posts)
+
+    async def _infer(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        inputs: Any,
+        model: str | None,
+        timeout: Timeout,  # noqa: ASYNC109
+    ) -> Any:
+        batch = _as_batch(inputs)
+        attempt = self._attempt(timeout, get=False)
+        while True:
+            binary = self._core.use_binary(batch)
+            body = _infer_body(endpoint.input_field, batch, model, binary)
+            headers = _infer_headers(binary, stream=False)
+            response = await self._send("POST", path, body, headers, attempt)
+            if self._core.falls_back(binary, response.status_code):
+                continue
+            await self._raise_for(response)
+            return batch.outputs(_read_answer(response, endpoint.output_field))
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: dict[str, str],
+        attempt: _Attempt,
+        stream: bool = False,
+    ) -> httpx.Response:
+        """One request with the retries its answers allow; any answer but 429/503 returns."""
+        while True:
+            attempt.deadline.check("no answer")
+            timeout = attempt.deadline.httpx_timeout()
+            sent = {**headers, **attempt.deadline.header()}  # what is left now, at each retry
+            request = self._http.build_request(
+                method, path, content=body, headers=sent, timeout=timeout
+            )
+            try:
+                response = await self._http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                await sleep_async(self._core.transport_error(attempt, exc))
+                continue
+            if response.status_code not in RETRY_STATUSES:
+                return response
+            await response.aread()
+            await response.aclose()
+            error = _error_from(response.status_code, response.content, response.headers)
+            await sleep_async(self._core.wait(attempt, error))
+
+    @staticmethod
+    async def _raise_for(response: httpx.Response) -> None:
+        if response.status_code >= 400:
+            await response.aread()
+            await response.aclose()
+            raise _error_from(response.status_code, response.content, response.headers)
+
+
+class AsyncRolloutStream:
+    """Iterator of ``(sequence, start_step, positions)`` chunks of a streamed rollout (an async
+    iterator for the AsyncClient).
+
+    A context manager; ``close()`` (``aclose()`` for the AsyncClient's), or leaving the ``with``
+    block, before the end closes the connection and the server drops the rollout. ``model`` is
+    the model's name once done.
+    """
+
+    def __init__(
+        self, client: AsyncClient, batch: _Batch, model: str | None, deadline: _Deadline
+    ) -> None:
+        self._client, self._batch, self._name, self._deadline = client, batch, model, deadline
+        self.model: str | None = None
+        self._chunks = self._generate()
+
+    def __aiter__(self) -> AsyncRolloutStream:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        return await anext(self._chunks)
+
+    async def __aenter__(self) -> AsyncRolloutStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop: closes the connection if the stream is still open."""
+        await self._chunks.aclose()
+
+    async def _open(self) -> httpx.Response:
+        """The streamed answer, resent as JSON if the server refuses the binary format."""
+        client, core = self._client, self._client._core
+        attempt = _Attempt(self._deadline, core.retry_posts)
+        while True:
+            binary = core.use_binary(self._batch)
+            body = _infer_body(ROLLOUT.input_field, self._batch, self._name, binary)
+            headers = _infer_headers(binary, stream=True)
+            response = await client._send("POST", ROLLOUT.path, body, headers, attempt, stream=True)
+            if response.status_code >= 400:
+                await response.aread()
+                await response.aclose()
+            if not core.falls_back(binary, response.status_code):
+                return response
+
+    async def _generate(self) -> AsyncGenerator[Chunk, None]:
+        response = await self._open()
+        try:
+            await self._client._raise_for(response)
+            async for line in response.aiter_lines():
+                if not line.strip():
+                    continue
+                item = _decode_line(line, self._batch)
+                if isinstance(item, str):
+                    self.model = item
+                    return
+                self._deadline.check("the stream was not done")
+                yield item
+            raise ProtocolError("the stream ended before its closing line")
+        except httpx.TransportError as exc:
+            raise stream_error(exc, self._deadline) from exc
+        finally:
+            await response.aclose()

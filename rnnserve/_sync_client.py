@@ -1,0 +1,309 @@
+# Generated from rnnserve/_async_client.py by `python scripts/unasync.py`; edit that file and rerun.
+# `python scripts/unasync.py --check` fails while this file is out of date.
+"""The client's I/O, written once with async/await in ``rnnserve/_async_client.py``
+(:class:`AsyncClient`, :class:`AsyncRolloutStream`); ``scripts/unasync.py`` takes the
+``async``/``await`` out to make ``rnnserve/_sync_client.py`` (:class:`Client`,
+:class:`RolloutStream`). Everything without I/O lives in :mod:`rnnserve._core`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from rnnserve._core import (
+    RETRY_STATUSES,
+    USE_DEFAULT,
+    BinaryMode,
+    Chunk,
+    ModelInfo,
+    ProtocolError,
+    Timeout,
+    _as_batch,
+    _Attempt,
+    _Batch,
+    _Core,
+    _Deadline,
+    _decode_line,
+    _error_from,
+    _infer_body,
+    _infer_headers,
+    _read_answer,
+    model_path,
+    read_models,
+    sleep,
+    stream_error,
+)
+from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, Endpoint
+
+
+class Client:
+    """An rnnserve client (:class:`AsyncClient`: its methods are coroutines; :class:`Client`: the
+    same methods, blocking).
+
+    ``timeout``: the default deadline of each call in seconds, retries and waits included
+    (``None``: none); every method takes its own ``timeout=``. ``retries``: how many times a
+    429/503 answer (and a failed connection, for GETs or with ``retry_posts=True``) is retried,
+    after ``Retry-After`` (capped at ``max_retry_wait``, plus up to 20 % jitter).
+    ``binary``: ``"auto"`` sends the safetensors format and falls back to JSON for good if the
+    server refuses it (400/415); ``"always"``/``"never"`` force it. ``transport``: an
+    ``httpx.BaseTransport`` for the Client, an ``httpx.AsyncBaseTransport`` (e.g.
+    ``httpx.ASGITransport(app)``) for the AsyncClient. ``http_client`` replaces the httpx client
+    the client would make (an ``httpx.Client``, or ``httpx.AsyncClient``; its own base URL,
+    transport and settings then apply).
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        timeout: float | None = 30.0,
+        retries: int = 3,
+        binary: BinaryMode = "auto",
+        retry_posts: bool = False,
+        max_retry_wait: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._core = _Core(
+            timeout=timeout,
+            retries=retries,
+            binary=binary,
+            retry_posts=retry_posts,
+            max_retry_wait=max_retry_wait,
+        )
+        self._http = http_client or httpx.Client(
+            base_url=base_url, headers=headers, transport=transport, timeout=None
+        )
+
+    @property
+    def base_url(self) -> str:
+        return str(self._http.base_url)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base_url!r}, binary={self._core.binary!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections (the client cannot be used afterwards)."""
+        self._http.close()
+
+    # the endpoints
+
+    def smooth(
+        self,
+        sequences: Any,
+        model: str | None = None,
+        *,
+        timeout: Timeout = USE_DEFAULT,
+    ) -> Any:
+        """Smooth one ``[T, F]`` sequence or several; the outputs mirror the input (module doc)."""
+        return self._infer(SMOOTH, SMOOTH.path, sequences, model, timeout)
+
+    def rollout(
+        self,
+        inputs: Any,
+        model: str | None = None,
+        *,
+        timeout: Timeout = USE_DEFAULT,
+    ) -> Any:
+        """Roll the Traveller out over one ``[T, num_inputs]`` sequence or several: ``[T, 2]``."""
+        return self._infer(ROLLOUT, ROLLOUT.path, inputs, model, timeout)
+
+    def infer(
+        self,
+        name: str,
+        inputs: Any,
+        *,
+        timeout: Timeout = USE_DEFAULT,
+    ) -> Any:
+        """Run model ``name`` (any kind: your own ``recurrent`` or ``torchscript`` model too) over
+        one ``[T, F_in]`` sequence or several (``POST /models/{name}/infer``); ``[T, F_out]``."""
+        return self._infer(INFER, model_path(name), inputs, None, timeout)
+
+    def stream_rollout(
+        self,
+        inputs: Any,
+        model: str | None = None,
+        *,
+        timeout: Timeout = USE_DEFAULT,
+    ) -> RolloutStream:
+        """The rollout as the server streams it: ``(sequence, start_step, positions)`` chunks
+        (``async for`` them from the AsyncClient, ``for`` from the Client).
+
+        The request is sent when iteration starts. Close the stream (``with`` block, ``close()``;
+        ``async with``, ``aclose()``) to stop early: the connection closes and the server drops
+        the rollout. ``timeout`` covers the whole stream.
+        """
+        return RolloutStream(self, _as_batch(inputs), model, self._core.deadline(timeout))
+
+    def models(self, *, timeout: Timeout = USE_DEFAULT) -> list[ModelInfo]:
+        """The served models (``GET /models``)."""
+        response = self._send("GET", "/models", None, {}, self._attempt(timeout, get=True))
+        self._raise_for(response)
+        return read_models(response)
+
+    def ready(self, *, timeout: Timeout = USE_DEFAULT) -> bool:
+        """Whether the server is ready for traffic: one ``GET /readyz``, no retries."""
+        deadline = self._core.deadline(timeout)
+        try:
+            response = self._http.get("/readyz", timeout=deadline.httpx_timeout())
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    def wait_ready(self, timeout: float | None = 60.0, interval: float = 0.1) -> None:
+        """Poll ``/readyz`` until the server is ready; else :class:`DeadlineExceeded`."""
+        deadline = _Deadline(timeout)
+        while not self.ready(timeout=deadline.probe()):
+            left = deadline.remaining()
+            if left is not None and left <= interval:
+                raise deadline.exceeded(f"{self.base_url} not ready")
+            sleep(interval)
+
+    # plumbing
+
+    def _attempt(self, timeout: Timeout, *, get: bool) -> _Attempt:
+        return _Attempt(self._core.deadline(timeout), get or self._core.retry_posts)
+
+    def _infer(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        inputs: Any,
+        model: str | None,
+        timeout: Timeout,
+    ) -> Any:
+        batch = _as_batch(inputs)
+        attempt = self._attempt(timeout, get=False)
+        while True:
+            binary = self._core.use_binary(batch)
+            body = _infer_body(endpoint.input_field, batch, model, binary)
+            headers = _infer_headers(binary, stream=False)
+            response = self._send("POST", path, body, headers, attempt)
+            if self._core.falls_back(binary, response.status_code):
+                continue
+            self._raise_for(response)
+            return batch.outputs(_read_answer(response, endpoint.output_field))
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: dict[str, str],
+        attempt: _Attempt,
+        stream: bool = False,
+    ) -> httpx.Response:
+        """One request with the retries its answers allow; any answer but 429/503 returns."""
+        while True:
+            attempt.deadline.check("no answer")
+            timeout = attempt.deadline.httpx_timeout()
+            sent = {**headers, **attempt.deadline.header()}  # what is left now, at each retry
+            request = self._http.build_request(
+                method, path, content=body, headers=sent, timeout=timeout
+            )
+            try:
+                response = self._http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                sleep(self._core.transport_error(attempt, exc))
+                continue
+            if response.status_code not in RETRY_STATUSES:
+                return response
+            response.read()
+            response.close()
+            error = _error_from(response.status_code, response.content, response.headers)
+            sleep(self._core.wait(attempt, error))
+
+    @staticmethod
+    def _raise_for(response: httpx.Response) -> None:
+        if response.status_code >= 400:
+            response.read()
+            response.close()
+            raise _error_from(response.status_code, response.content, response.headers)
+
+
+class RolloutStream:
+    """Iterator of ``(sequence, start_step, positions)`` chunks of a streamed rollout (an async
+    iterator for the AsyncClient).
+
+    A context manager; ``close()`` (``aclose()`` for the AsyncClient's), or leaving the ``with``
+    block, before the end closes the connection and the server drops the rollout. ``model`` is
+    the model's name once done.
+    """
+
+    def __init__(
+        self, client: Client, batch: _Batch, model: str | None, deadline: _Deadline
+    ) -> None:
+        self._client, self._batch, self._name, self._deadline = client, batch, model, deadline
+        self.model: str | None = None
+        self._chunks = self._generate()
+
+    def __iter__(self) -> RolloutStream:
+        return self
+
+    def __next__(self) -> Chunk:
+        return next(self._chunks)
+
+    def __enter__(self) -> RolloutStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop: closes the connection if the stream is still open."""
+        self._chunks.close()
+
+    def _open(self) -> httpx.Response:
+        """The streamed answer, resent as JSON if the server refuses the binary format."""
+        client, core = self._client, self._client._core
+        attempt = _Attempt(self._deadline, core.retry_posts)
+        while True:
+            binary = core.use_binary(self._batch)
+            body = _infer_body(ROLLOUT.input_field, self._batch, self._name, binary)
+            headers = _infer_headers(binary, stream=True)
+            response = client._send("POST", ROLLOUT.path, body, headers, attempt, stream=True)
+            if response.status_code >= 400:
+                response.read()
+                response.close()
+            if not core.falls_back(binary, response.status_code):
+                return response
+
+    def _generate(self) -> Generator[Chunk, None]:
+        response = self._open()
+        try:
+            self._client._raise_for(response)
+            for line in response.iter_lines():
+                if not line.strip():
+                    continue
+                item = _decode_line(line, self._batch)
+                if isinstance(item, str):
+                    self.model = item
+                    return
+                self._deadline.check("the stream was not done")
+                yield item
+            raise ProtocolError("the stream ended before its closing line")
+        except httpx.TransportError as exc:
+            raise stream_error(exc, self._deadline) from exc
+        finally:
+            response.close()
