@@ -98,7 +98,22 @@ RULES = [
     ("service/engine/continuous.py", {"torch", "numpy", "rnnserve.models"}),
     ("service/metrics.py", {*LIGHT, *SERVER}),
     ("service/config.py", {*LIGHT, *SERVER}),
-    ("rnnserve/client.py", {*LIGHT, *SERVER, "rnnserve.service"}),
+    # the client: only the endpoint registry of the server's modules
+    *(
+        (
+            m,
+            {
+                *LIGHT,
+                *SERVER,
+                "rnnserve.service.http",
+                "rnnserve.service.engine",
+                "rnnserve.service.ipc",
+                "rnnserve.service.codec",
+                "rnnserve.service.interface",
+            },
+        )
+        for m in sources("rnnserve")
+    ),
 ]
 
 
