@@ -129,12 +129,17 @@ run_module() {
   git ls-files -z --cached --others --exclude-standard \
     | (cd "$ROOT" && xargs -0 sh -c 'for f; do [ -f "$f" ] && printf "%s\0" "$f"; done' _) \
     | tar --null -T - -cf - | tar -xf - -C "$work"
-  (cd "$work" && "$PY" "$ROOT/scripts/mutation_tools.py" prepare "$module")
+  # service/ and models/ install as rnnserve.service and rnnserve.models (package-dir); in the
+  # copy they move under rnnserve/, so that the mutated files in mutants/rnnserve/ are the ones
+  # `import rnnserve.service...` finds, ahead of the editable install's finder
+  mv "$work/service" "$work/rnnserve/service"
+  mv "$work/models" "$work/rnnserve/models"
+  (cd "$work" && "$PY" "$ROOT/scripts/mutation_tools.py" prepare "rnnserve/$module")
   cat >>"$work/pyproject.toml" <<EOF
 
 [tool.mutmut]
-source_paths = ["models/", "service/"]
-only_mutate = ["$module"]
+source_paths = ["rnnserve/"]
+only_mutate = ["rnnserve/$module"]
 also_copy = ["scripts/", "examples/", "README.md", ".ci/", "docs/"]
 pytest_add_cli_args_test_selection = [$(toml_list "${tests[@]}")]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"$(warmup_for "$module")$(extra_args_for "$module")]
