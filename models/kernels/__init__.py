@@ -2,8 +2,9 @@
 
 - :mod:`.smoother_cpu`: the smoother's recursion on packed rows (a numba loop for CPU inference;
   a differentiable torch step loop that runs anywhere);
-- :mod:`.smoother_triton`: the smoother as a chunked parallel scan in Triton (GPU), forward and
-  backward;
+- :mod:`.smoother_triton`: the smoother as a chunked parallel scan in Triton (GPU), the forward
+  that serves; :mod:`.smoother_triton_single_pass` holds two single-pass forwards (not the
+  default) and :mod:`.smoother_triton_backward` the training backward;
 - :mod:`.rollout_cpu`: the Traveller's rollout as one compiled CPU loop;
 - :mod:`.rollout_triton`: the Traveller's rollout as fused Triton step kernels.
 

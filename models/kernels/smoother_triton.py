@@ -12,7 +12,8 @@ columns each step is one contiguous span. A tile is ``[CHUNK steps, BLOCK column
 sequence's end a step is the identity map, so a chunk's summary carries a finished sequence's
 final state through unchanged.
 
-Forward, chunked (three launches; x is read twice, y written once):
+The forward that serves, :data:`DEFAULT_SCAN` = "chunked" (three launches; x is read twice, y
+written once):
 
 1. :func:`_fwd_chunk_summary`, grid ``(n_chunks, col_blocks)``: scan the tile with a zero
    carry-in; keep the chunk's composed map ``(A_c, B_c)`` per column.
@@ -20,27 +21,12 @@ Forward, chunked (three launches; x is read twice, y written once):
    per loop trip, into ``carry[c]`` = the state before chunk ``c`` (``carry[0]`` = initial state,
    ``carry[n_chunks]`` = each sequence's final state, also written to the ``final`` output).
 3. :func:`_fwd_replay`, same grid as 1: rescan the tile from its carry-in, write
-   ``y = tanh(wx * s)``.
+   ``y = tanh(wx * s)`` (and ``s`` when a gradient is needed).
 
-Forward, chained (``scan="chained"``, one launch; x read once, y written once):
-:func:`_fwd_chained`, grid ``(col_blocks,)``: each program walks its column block's tiles in time
-order and carries the state between them in registers. Parallel across columns only, so it suits
-wide batches (a program per sequence at F <= 16) and not one long sequence; it has no carry
-arrays and no second read of x. Which design serves is :data:`DEFAULT_SCAN`: "chunked", the one
-measured on an H200 so far; the chained scan is timed beside it by ``bench.bench_models`` and
-``bench.bench_tiles`` on the next GPU run, and the default follows the measurement.
-
-Backward (the same three-launch shape, in reverse time): the adjoint ``lam_t = dL/ds_t`` obeys
-``lam_t = g_t + alpha * lam_{t+1}`` (``g_t`` the direct gradient through ``y_t``), a scan from
-the end. The backward tiles are read back to front (row ``i`` of a tile is step
-``t = chunk_end - 1 - i``) so that it is a *forward* ``tl.associative_scan`` too: Triton's
-``reverse=True`` with a non-commutative combine has had wrong results on GPUs
-(triton-lang/triton#4362, #8412), and the interpreter cannot show that. When a gradient is
-needed the forward replay also writes ``s`` (one more pass), so the backward needs no
-recomputation in time order. :func:`_bwd_chunk_summary` summarises each chunk's reverse map;
-:func:`_carry_scan` runs right to left; :func:`_bwd_replay` scans the adjoint from its right
-carry, writes ``dx`` and per-(chunk, column) partial sums for ``alpha`` and ``wx`` that torch
-reduces.
+Elsewhere, loaded only when asked for: the single-pass forwards ``scan="chained"`` and
+``scan="lookback"`` (:mod:`.smoother_triton_single_pass`, not measured on a GPU, not the
+default) and the training backward (:mod:`.smoother_triton_backward`, chunked whatever the
+forward's design; it reuses :func:`_carry_scan`, right to left).
 
 Importing this module imports triton; :mod:`rnnserve.models.smoothing` does so lazily. Under
 ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (that is how CI tests them).
@@ -93,13 +79,6 @@ def _jit(fn: Callable[..., Any]) -> Any:
 def _combine(a1, b1, a2, b2):  # type: ignore[no-untyped-def]
     # the map (a1, b1) followed by (a2, b2): s -> a2 * (a1 * s + b1) + b2
     return a1 * a2, a2 * b1 + b2
-
-
-@_jit
-def _combine_after(a1, b1, a2, b2):  # type: ignore[no-untyped-def]
-    # _combine with its operands swapped: scanning a nearest-first window with it composes the
-    # maps in time order, farthest first
-    return a1 * a2, a1 * b2 + b1
 
 
 @_jit
@@ -266,319 +245,15 @@ def _fwd_replay(  # type: ignore[no-untyped-def]
         state = tl.sum(tl.where(last, s, 0.0), 0)  # past a sequence's end: carried unchanged
 
 
-@_jit
-def _fwd_chained(  # type: ignore[no-untyped-def]
-    x_ptr,
-    bs_ptr,
-    off_ptr,
-    len_ptr,
-    alpha_ptr,
-    wx_ptr,
-    init_ptr,
-    y_ptr,
-    s_ptr,
-    final_ptr,
-    n_steps,
-    n_feat,
-    n_cols,
-    HAS_INIT: tl.constexpr,
-    STORE_S: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-) -> None:
-    # The single-pass forward: one program per block of columns walks its tiles in time order,
-    # the state carried from tile to tile in registers; x is read once and nothing but y (and s,
-    # for a backward pass) is written. Sequences are sorted longest first, so the block's first
-    # sequence is its longest and bounds the trips; past a shorter one's end, identity maps.
-    col = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    col_ok = col < n_cols
-    feat = col % n_feat
-    alpha = tl.load(alpha_ptr + feat, mask=col_ok, other=0.0)
-    wx = tl.load(wx_ptr + feat, mask=col_ok, other=0.0)
-    if HAS_INIT:
-        state = tl.load(init_ptr + col, mask=col_ok, other=0.0).to(alpha.dtype)
-    else:
-        state = tl.zeros([BLOCK], dtype=alpha.dtype)
-    steps = tl.load(len_ptr + (tl.program_id(0) * BLOCK) // n_feat)
-    last = (tl.arange(0, CHUNK) == CHUNK - 1)[:, None]
-    for t0 in range(0, steps, CHUNK):
-        t = t0 + tl.arange(0, CHUNK)
-        x, active, addr = _load_tile(x_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
-        a, b = _step_maps(x.to(alpha.dtype), active, alpha, t, HAS_INIT)
-        acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
-        s = acc_a * state[None, :] + acc_b
-        tl.store(y_ptr + addr, _tanh(wx[None, :] * s), mask=active)
-        if STORE_S:  # for the backward pass
-            tl.store(s_ptr + addr, s, mask=active)
-        state = tl.sum(tl.where(last, s, 0.0), 0)  # past a sequence's end: carried unchanged
-    tl.store(final_ptr + col, state, mask=col_ok)
-
-
-@_jit
-def _fwd_lookback(  # type: ignore[no-untyped-def]
-    x_ptr,
-    bs_ptr,
-    off_ptr,
-    alpha_ptr,
-    wx_ptr,
-    init_ptr,
-    y_ptr,
-    s_ptr,
-    final_ptr,
-    agg_a_ptr,
-    agg_b_ptr,
-    incl_ptr,
-    flag_ptr,
-    n_steps,
-    n_feat,
-    n_cols,
-    n_chunks,
-    HAS_INIT: tl.constexpr,
-    STORE_S: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-    WINDOW: tl.constexpr,
-    INCLUSIVE_EVERY: tl.constexpr,
-) -> None:
-    # The single-pass scan with decoupled look-back (Merrill & Garland, 2016), one tile a
-    # program. Tiles are taken in the order programs start (a ticket from a counter), chunk by
-    # chunk, so a tile only ever waits on tiles that started before it: no deadlock, whatever
-    # order the GPU schedules programs in. Each tile scans itself, publishes its composed map
-    # (flag 1), then looks back WINDOW predecessors at a time (same column block, earlier chunks,
-    # nearest first) until the nearest one that has published its inclusive state (flag 2),
-    # composes the maps in between, takes its carry-in, publishes its own inclusive state and
-    # writes y. x is read once; the side arrays are a few values a column per tile.
-    # INCLUSIVE_EVERY > 1 is for tests only: tiles of other chunks publish their map and never
-    # their state, so that look-backs compose maps across windows, as they do on a GPU when
-    # predecessors are still running (the interpreter runs programs one after another).
-    n_col_blocks = tl.cdiv(n_cols, BLOCK)
-    ticket = tl.atomic_add(flag_ptr + n_chunks * n_col_blocks, 1)
-    chunk = ticket // n_col_blocks
-    kb = ticket % n_col_blocks
-    col = kb * BLOCK + tl.arange(0, BLOCK)
-    col_ok = col < n_cols
-    feat = col % n_feat
-    alpha = tl.load(alpha_ptr + feat, mask=col_ok, other=0.0)
-    wx = tl.load(wx_ptr + feat, mask=col_ok, other=0.0)
-    t = chunk * CHUNK + tl.arange(0, CHUNK)
-    x, active, addr = _load_tile(x_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
-    a, b = _step_maps(x.to(alpha.dtype), active, alpha, t, HAS_INIT)
-    acc_a, acc_b = tl.associative_scan((a, b), 0, _combine)
-    last = (tl.arange(0, CHUNK) == CHUNK - 1)[:, None]
-    side = ticket.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # this tile's side values
-    if HAS_INIT:
-        # chunk 0's carry-in; the others replace it by their look-back
-        carry = tl.load(init_ptr + col, mask=col_ok, other=0.0).to(alpha.dtype)
-    else:
-        carry = tl.zeros([BLOCK], dtype=alpha.dtype)
-    if chunk > 0:
-        tl.store(agg_a_ptr + side, tl.sum(tl.where(last, acc_a, 0.0), 0))
-        tl.store(agg_b_ptr + side, tl.sum(tl.where(last, acc_b, 0.0), 0))
-        tl.debug_barrier()  # every thread's part stored before the flag says so
-        tl.atomic_xchg(flag_ptr + ticket, 1, sem="release")
-        pos = tl.arange(0, WINDOW)
-        m_a = tl.full([BLOCK], 1.0, alpha.dtype)  # the maps composed so far (nearest last)
-        m_b = tl.zeros([BLOCK], alpha.dtype)
-        j = chunk - 1  # the nearest predecessor not composed yet
-        while j >= 0:
-            w = j - pos  # nearest first
-            exists = w >= 0
-            tile = w * n_col_blocks + kb
-            f = tl.atomic_add(flag_ptr + tile, 0, mask=exists, sem="acquire")
-            f = tl.where(exists, f, 2)  # never reached: chunk 0 always ends the walk
-            p = tl.min(tl.where(f == 2, pos, WINDOW), 0)  # the nearest inclusive state
-            if tl.min(tl.where(pos < p, f, 1), 0) > 0:  # none missing before it: compose
-                tl.debug_barrier()
-                use = (pos < p)[:, None]
-                rows = tile.to(tl.int64)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-                wa = tl.load(agg_a_ptr + rows, mask=use, other=1.0, volatile=True)
-                wb = tl.load(agg_b_ptr + rows, mask=use, other=0.0, volatile=True)
-                # the window's maps in time order, the farthest first (rows past p are
-                # identities): its last row composes them all
-                ra, rb = tl.associative_scan((wa, wb), 0, _combine_after)
-                end = (pos == WINDOW - 1)[:, None]
-                win_a = tl.sum(tl.where(end, ra, 0.0), 0)
-                win_b = tl.sum(tl.where(end, rb, 0.0), 0)
-                m_a, m_b = _combine(win_a, win_b, m_a, m_b)
-                if p < WINDOW:
-                    at = tl.sum(tl.where(pos == p, tile, 0), 0).to(tl.int64)
-                    s_p = tl.load(incl_ptr + at * BLOCK + tl.arange(0, BLOCK), volatile=True)
-                    carry = m_a * s_p + m_b
-                    j = tl.full([], -1, j.dtype)
-                else:
-                    j = j - WINDOW
-    s = acc_a * carry[None, :] + acc_b
-    state = tl.sum(tl.where(last, s, 0.0), 0)
-    if chunk % INCLUSIVE_EVERY == 0:
-        tl.store(incl_ptr + side, state)
-        tl.debug_barrier()
-        tl.atomic_xchg(flag_ptr + ticket, 2, sem="release")
-    tl.store(y_ptr + addr, _tanh(wx[None, :] * s), mask=active)
-    if STORE_S:  # for the backward pass
-        tl.store(s_ptr + addr, s, mask=active)
-    if chunk == n_chunks - 1:
-        tl.store(final_ptr + col, state, mask=col_ok)
-
-
-@_jit
-def _adjoint_maps(  # type: ignore[no-untyped-def]
-    s_ptr,
-    gy_ptr,
-    gfin_ptr,
-    bs_ptr,
-    off_ptr,
-    t,
-    col,
-    col_ok,
-    alpha,
-    wx,
-    n_steps,
-    n_feat,
-    HAS_GFIN: tl.constexpr,
-):
-    # The maps lam_t = ar_t * lam_{t+1} + g_t of the steps t (any order), and what the
-    # parameter gradients need: s_t, dL/d(wx * s_t), where (t, j) is a real row, its address.
-    s, active, addr = _load_tile(s_ptr, bs_ptr, off_ptr, t, col, n_steps, n_feat)
-    y = _tanh(wx[None, :] * s)
-    gy = tl.load(gy_ptr + addr, mask=active, other=0.0).to(s.dtype)
-    gy_pre = gy * (1.0 - y * y)
-    g = tl.where(active, gy_pre * wx[None, :], 0.0)
-    bs_next = tl.load(bs_ptr + t + 1, mask=(t >= 0) & (t + 1 < n_steps), other=0)
-    goes_on = (col // n_feat)[None, :] < bs_next[:, None]  # the sequence has a step t + 1
-    if HAS_GFIN:  # the final state's gradient enters at each sequence's last step
-        gfin = tl.load(gfin_ptr + col, mask=col_ok, other=0.0).to(s.dtype)
-        g += tl.where(active & (goes_on == 0), gfin[None, :], 0.0)
-    ar = tl.where(goes_on, alpha[None, :], 0.0)
-    return ar, g, s, gy_pre, active, addr
-
-
-@_jit
-def _bwd_chunk_summary(  # type: ignore[no-untyped-def]
-    s_ptr,
-    gy_ptr,
-    gfin_ptr,
-    bs_ptr,
-    off_ptr,
-    alpha_ptr,
-    wx_ptr,
-    sum_a_ptr,
-    sum_b_ptr,
-    n_steps,
-    n_feat,
-    n_cols,
-    HAS_GFIN: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-) -> None:
-    chunk = tl.program_id(0)
-    t = chunk * CHUNK + (CHUNK - 1 - tl.arange(0, CHUNK))  # back to front
-    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    col_ok = col < n_cols
-    feat = col % n_feat
-    alpha = tl.load(alpha_ptr + feat, mask=col_ok, other=0.0)
-    wx = tl.load(wx_ptr + feat, mask=col_ok, other=0.0)
-    ar, g, _, _, _, _ = _adjoint_maps(
-        s_ptr,
-        gy_ptr,
-        gfin_ptr,
-        bs_ptr,
-        off_ptr,
-        t,
-        col,
-        col_ok,
-        alpha,
-        wx,
-        n_steps,
-        n_feat,
-        HAS_GFIN,
-    )
-    acc_a, acc_b = tl.associative_scan((ar, g), 0, _combine)
-    last = (tl.arange(0, CHUNK) == CHUNK - 1)[:, None]  # the chunk's first step
-    out = chunk.to(tl.int64) * n_cols + col
-    tl.store(sum_a_ptr + out, tl.sum(tl.where(last, acc_a, 0.0), 0), mask=col_ok)
-    tl.store(sum_b_ptr + out, tl.sum(tl.where(last, acc_b, 0.0), 0), mask=col_ok)
-
-
-@_jit
-def _bwd_replay(  # type: ignore[no-untyped-def]
-    x_ptr,
-    s_ptr,
-    init_ptr,
-    gy_ptr,
-    gfin_ptr,
-    bs_ptr,
-    off_ptr,
-    alpha_ptr,
-    wx_ptr,
-    rcarry_ptr,
-    dx_ptr,
-    dalpha_ptr,
-    dwx_ptr,
-    n_steps,
-    n_feat,
-    n_cols,
-    HAS_INIT: tl.constexpr,
-    HAS_GFIN: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-) -> None:
-    chunk = tl.program_id(0)
-    t = chunk * CHUNK + (CHUNK - 1 - tl.arange(0, CHUNK))  # back to front
-    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    col_ok = col < n_cols
-    feat = col % n_feat
-    alpha = tl.load(alpha_ptr + feat, mask=col_ok, other=0.0)
-    wx = tl.load(wx_ptr + feat, mask=col_ok, other=0.0)
-    ar, g, s, gy_pre, active, addr = _adjoint_maps(
-        s_ptr,
-        gy_ptr,
-        gfin_ptr,
-        bs_ptr,
-        off_ptr,
-        t,
-        col,
-        col_ok,
-        alpha,
-        wx,
-        n_steps,
-        n_feat,
-        HAS_GFIN,
-    )
-    acc_a, acc_b = tl.associative_scan((ar, g), 0, _combine)
-    lam_right = tl.load(
-        rcarry_ptr + (chunk.to(tl.int64) + 1) * n_cols + col, mask=col_ok, other=0.0
-    )
-    lam = acc_a * lam_right[None, :] + acc_b  # dL/ds_t
-    x = tl.load(x_ptr + addr, mask=active, other=0.0).to(s.dtype)
-    # ds_t/dx_t = 1 - alpha (1 at s_0 = x_0); ds_t/dalpha = s_{t-1} - x_t where a_t = alpha
-    s_prev, _, _ = _load_tile(s_ptr, bs_ptr, off_ptr, t - 1, col, n_steps, n_feat)
-    at_start = (t == 0)[:, None]
-    dx = lam * (1.0 - alpha)[None, :]
-    if HAS_INIT:  # s_{-1} is the initial state
-        init = tl.load(init_ptr + col, mask=col_ok, other=0.0).to(s.dtype)
-        s_prev = tl.where(at_start, init[None, :], s_prev)
-        uses_alpha = active
-    else:
-        dx = tl.where(at_start, lam, dx)
-        uses_alpha = active & (at_start == 0)
-    tl.store(dx_ptr + addr, dx, mask=active)
-    out = chunk.to(tl.int64) * n_cols + col
-    dalpha = tl.sum(tl.where(uses_alpha, lam * (s_prev - x), 0.0), 0)
-    tl.store(dalpha_ptr + out, dalpha, mask=col_ok)
-    tl.store(dwx_ptr + out, tl.sum(tl.where(active, gy_pre * s, 0.0), 0), mask=col_ok)
-
-
 # ---------------------------------------------------------------------------------------------
 # host code
 
 
 _MIN_PROGRAMS = 1024  # about 8 per SM on an H200 (132 SMs)
 SCANS = ("chunked", "chained", "lookback")
-# "chunked" is the design measured on an H200 (session 6); "chained" and "lookback" (session 7)
-# wait for a GPU run to compare them
+# "chunked" is the one design measured on a GPU (docs/BENCHMARKS.md); the single-pass scans
+# serve only when asked for, since a default has to be one that was measured
 DEFAULT_SCAN = "chunked"
-_WINDOW = 32  # predecessors a look-back reads at once (a warp's worth in CUB)
-_INCLUSIVE_EVERY = 1  # tests raise it: see _fwd_lookback
 _CARRY_TILE = 8192  # chunk summaries per trip of the carry scan, × columns
 
 
@@ -838,6 +513,32 @@ def _chunked_forward(
     )
 
 
+def _single_pass_forward(
+    x: Tensor,
+    bs: Tensor,
+    off: Tensor,
+    lens: Tensor | None,
+    alpha_c: Tensor,
+    wx_c: Tensor,
+    init_c: Tensor | None,
+    y: Tensor,
+    s: Tensor,
+    final: Tensor,
+    plan: TilePlan,
+    store_s: bool,
+) -> None:
+    """The chained or look-back forward (``plan.scan``), from the module that holds them."""
+    from rnnserve.models.kernels import smoother_triton_single_pass as single_pass
+
+    if plan.scan == "chained":
+        assert lens is not None  # smooth_packed_triton sends the lengths for the chained scan
+        single_pass.forward_chained(
+            x, bs, off, lens, alpha_c, wx_c, init_c, y, s, final, plan, store_s
+        )
+    else:
+        single_pass.forward_lookback(x, bs, off, alpha_c, wx_c, init_c, y, s, final, plan, store_s)
+
+
 class _SmootherFn(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -856,71 +557,23 @@ class _SmootherFn(torch.autograd.Function):
         x = data.contiguous()
         alpha_c = alpha.detach().to(device=x.device, dtype=cdt).contiguous()
         wx_c = wx.detach().to(device=x.device, dtype=cdt).contiguous()
-        n_cols = plan.n_cols
         init_c = None if init is None else init.detach().contiguous()
         final = torch.empty((plan.n_seqs, plan.n_feat), dtype=data.dtype, device=x.device)
         y = torch.empty_like(x)
-        has_init = init is not None
-        common = (plan.n_steps, plan.n_feat, n_cols)
         # needs_input_grad is set by requires_grad alone, under no_grad and inference_mode too
         needs_grad = grad_enabled and any(ctx.needs_input_grad[:4])
         # s is kept for the backward pass only; without one, y stands in as the unused pointer
         s = torch.empty(x.shape, dtype=cdt, device=x.device) if needs_grad else y
-        if plan.scan == "chained":
-            _fwd_chained[plan.chained_grid](
-                x,
-                bs,
-                off,
-                lens,
-                alpha_c,
-                wx_c,
-                final if init_c is None else init_c,  # final stands in when there is no state
-                y,
-                s,
-                final,
-                *common,
-                HAS_INIT=has_init,
-                STORE_S=needs_grad,
-                CHUNK=plan.chunk,
-                BLOCK=plan.block,
-                num_warps=plan.warps,
-            )
-        elif plan.scan == "lookback":
-            n_tiles = plan.n_tiles
-            agg_a, agg_b, incl = (
-                torch.empty(n_tiles * plan.block, dtype=cdt, device=x.device) for _ in range(3)
-            )
-            flags = torch.zeros(n_tiles + 1, dtype=torch.int32, device=x.device)  # + counter
-            _fwd_lookback[(n_tiles,)](
-                x,
-                bs,
-                off,
-                alpha_c,
-                wx_c,
-                final if init_c is None else init_c,  # final stands in when there is no state
-                y,
-                s,
-                final,
-                agg_a,
-                agg_b,
-                incl,
-                flags,
-                *common,
-                plan.n_chunks,
-                HAS_INIT=has_init,
-                STORE_S=needs_grad,
-                CHUNK=plan.chunk,
-                BLOCK=plan.block,
-                WINDOW=_WINDOW,
-                INCLUSIVE_EVERY=_INCLUSIVE_EVERY,
-                num_warps=plan.warps,
-            )
-        else:
+        if plan.scan == "chunked":
             _chunked_forward(x, bs, off, alpha_c, wx_c, init_c, y, s, final, plan, needs_grad)
+        else:
+            _single_pass_forward(
+                x, bs, off, lens, alpha_c, wx_c, init_c, y, s, final, plan, needs_grad
+            )
         # the initial state is s_{-1} for the alpha gradient (y stands in when there is none)
         ctx.save_for_backward(x, s, y if init_c is None else init_c, alpha_c, wx_c, bs, off)
         ctx.plan = plan
-        ctx.has_init = has_init
+        ctx.has_init = init is not None
         ctx.dtypes = (data.dtype, alpha.dtype, wx.dtype, None if init is None else init.dtype)
         ctx.set_materialize_grads(False)
         return y, final
@@ -929,78 +582,10 @@ class _SmootherFn(torch.autograd.Function):
     def backward(
         ctx: Any, grad_y: Tensor | None, grad_final: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        x, s, init, alpha_c, wx_c, bs, off = ctx.saved_tensors
-        plan: TilePlan = ctx.plan
-        n_chunks, n_cols = plan.n_chunks, plan.n_cols
-        cdt = alpha_c.dtype
-        gy = torch.zeros_like(x) if grad_y is None else grad_y.contiguous()
-        has_gfin = grad_final is not None
-        gfin = grad_final.contiguous() if grad_final is not None else x  # unused if absent
-        rcarry = torch.empty((n_chunks + 1, n_cols), dtype=cdt, device=x.device)
-        sum_a = torch.empty((n_chunks, n_cols), dtype=cdt, device=x.device)
-        sum_b = torch.empty_like(sum_a)
-        common = (plan.n_steps, plan.n_feat, n_cols)
-        _bwd_chunk_summary[plan.grid](
-            s,
-            gy,
-            gfin,
-            bs,
-            off,
-            alpha_c,
-            wx_c,
-            sum_a,
-            sum_b,
-            *common,
-            HAS_GFIN=has_gfin,
-            CHUNK=plan.chunk,
-            BLOCK=plan.block,
-            num_warps=plan.warps,
-        )
-        _carry_scan[plan.carry_grid](
-            sum_a,
-            sum_b,
-            rcarry,
-            rcarry,
-            rcarry,
-            n_chunks,
-            n_cols,
-            REVERSE=True,
-            HAS_INIT=False,
-            CARRY=plan.carry,
-            BLOCK=plan.carry_block,
-            num_warps=plan.carry_warps,
-        )
-        dx = torch.empty_like(x)
-        dalpha_part, dwx_part = sum_a, sum_b  # the summaries are spent: reuse them
-        _bwd_replay[plan.grid](
-            x,
-            s,
-            init,
-            gy,
-            gfin,
-            bs,
-            off,
-            alpha_c,
-            wx_c,
-            rcarry,
-            dx,
-            dalpha_part,
-            dwx_part,
-            *common,
-            HAS_INIT=ctx.has_init,
-            HAS_GFIN=has_gfin,
-            CHUNK=plan.chunk,
-            BLOCK=plan.block,
-            num_warps=plan.warps,
-        )
-        x_dt, alpha_dt, wx_dt, init_dt = ctx.dtypes
-        per_feat = (n_chunks * plan.n_seqs, plan.n_feat)
-        dalpha = dalpha_part.view(per_feat).sum(0).to(alpha_dt)
-        dwx = dwx_part.view(per_feat).sum(0).to(wx_dt)
-        dinit = None
-        if ctx.has_init:  # s_0 = alpha * init + ...: dL/dinit = alpha * lam_0
-            dinit = (alpha_c * rcarry[0].view(plan.n_seqs, plan.n_feat)).to(init_dt)
-        return dx.to(x_dt), dalpha, dwx, dinit, None, None, None, None, None
+        # serving never takes a gradient: the backward's kernels load when training first does
+        from rnnserve.models.kernels.smoother_triton_backward import smoother_backward
+
+        return smoother_backward(ctx, grad_y, grad_final)
 
 
 def sequence_lengths(batch_sizes: Tensor) -> Tensor:

@@ -27,6 +27,7 @@ from rnnserve.models.packing import pack, unpack
 from rnnserve.models.smoothing import LinearRecursion
 
 triton_mod = pytest.importorskip("rnnserve.models.kernels.smoother_triton")
+single_pass = pytest.importorskip("rnnserve.models.kernels.smoother_triton_single_pass")
 plan_tiles = triton_mod.plan_tiles
 smooth_packed_triton = triton_mod.smooth_packed_triton
 
@@ -688,8 +689,8 @@ def lookback_walks(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureReque
     ``every``-th chunk publish it and reads ``window`` predecessors at a time, so that look-backs
     compose maps across several windows, as on a GPU while predecessors still run."""
     every, window = request.param
-    monkeypatch.setattr(triton_mod, "_INCLUSIVE_EVERY", every)
-    monkeypatch.setattr(triton_mod, "_WINDOW", window)
+    monkeypatch.setattr(single_pass, "_INCLUSIVE_EVERY", every)
+    monkeypatch.setattr(single_pass, "_WINDOW", window)
 
 
 WALKS = [(1, 32), (3, 2), (7, 2), (4, 1), (5, 4)]
@@ -734,8 +735,8 @@ def test_lookback_random_batches_match_the_loop(
     alpha, wx = random_params(feat, seed, torch.float64)
     init = torch.randn(len(lengths), feat, dtype=torch.float64) if with_state else None
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(triton_mod, "_INCLUSIVE_EVERY", every)
-        mp.setattr(triton_mod, "_WINDOW", window)
+        mp.setattr(single_pass, "_INCLUSIVE_EVERY", every)
+        mp.setattr(single_pass, "_WINDOW", window)
         check_against_the_loop(
             seqs, alpha, wx, init, 1e-12, chunk=chunk, block=block, scan="lookback"
         )
