@@ -103,8 +103,9 @@ def preflight(settings: Settings) -> list[str]:
                 "RNNSERVE_TRUST_TORCHSCRIPT=true (--trust-torchscript) if you trust it"
             )
         raise StartupError(
-            f"{path}: pickle files are refused (loading one can run code); save the model as "
-            "<name>.safetensors with models.save"
+            f"{path}: pickle files are refused (loading one can run code); export the model "
+            "as <name>.safetensors with rnnserve export, or move the file out of the model "
+            "directory"
         )
     if not settings.trust_torchscript:
         for path in models.torchscript_files(where):
