@@ -176,9 +176,11 @@ class EngineUnavailable(ConnectionError):
 
 @dataclass
 class RequestError(Exception):
-    """A client error: HTTP ``status``, machine-readable ``type``, a message and a location."""
+    """A client error: machine-readable ``type``, a message and a location.
 
-    status: int
+    No status: the HTTP layer's error catalogue gives each ``type`` its own.
+    """
+
     type: str
     message: str
     loc: tuple[str | int, ...] = ()

@@ -805,7 +805,7 @@ def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
     def finish(input_dim: int, name: str, check_finite: bool) -> FlatSequences:
         del check_finite  # the scanner refuses NaN and Infinity, and found float32 overflow
         too_long = (int(info[_TOO_LONG_AT]), int(info[_TOO_LONG_LEN]))
-        _check_limits(n_seq, too_long, total, field, limits)
+        check_limits(n_seq, too_long, total, field, limits)
         if width != input_dim:  # the precise path reports the first step: every step has it
             raise _width_error(width, field, input_dim, name)
         out = FlatSequences(data.reshape(total, width), lengths[:n_seq])
@@ -819,26 +819,28 @@ def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
 # -- errors shared by both formats --------------------------------------------------------------
 
 
-def _check_limits(
+def check_limits(
     n_seq: int, too_long: tuple[int, int], total: int, field: str, limits: Limits
 ) -> None:
-    # the same checks, order and messages as rnnserve.service.http.validation.to_arrays
+    """The 413s of every body, JSON or safetensors, fast path or precise parser: ``n_seq``
+    sequences, the first one over the length limit ``too_long`` (index, steps; index -1:
+    none) and ``total`` steps in all."""
     if n_seq > limits.max_sequences:
         raise RequestError(
-            413, "too_many_sequences",
+            "too_many_sequences",
             f"request has {n_seq} sequences; the limit is {limits.max_sequences}",
             (field,),
         )  # fmt: skip
     i, steps = too_long
     if i >= 0:
         raise RequestError(
-            413, "sequence_too_long",
+            "sequence_too_long",
             f"sequence {i} has {steps} steps; the limit is {limits.max_sequence_length}",
             (field, i),
         )  # fmt: skip
     if total > limits.max_timesteps:
         raise RequestError(
-            413, "too_many_timesteps",
+            "too_many_timesteps",
             f"request has {total} timesteps in all; the limit is {limits.max_timesteps}",
             (field,),
         )  # fmt: skip
@@ -846,7 +848,7 @@ def _check_limits(
 
 def _width_error(width: int, field: str, input_dim: int, model: str) -> RequestError:
     return RequestError(
-        422, "wrong_feature_count",
+        "wrong_feature_count",
         f"sequence 0, step 0: has {width} features; model '{model}' takes {input_dim}",
         (field, 0, 0),
     )  # fmt: skip
@@ -860,7 +862,7 @@ def non_finite_error(seqs: FlatSequences, field: str) -> RequestError:
     """
     first = int(_first_non_finite(seqs.data.reshape(-1)))
     if first < 0:  # the model's word against the data: report it without a place
-        return RequestError(422, "non_finite", f"'{field}' holds a value that is not finite",
+        return RequestError("non_finite", f"'{field}' holds a value that is not finite",
                             (field,))  # fmt: skip
     return _value_error(seqs, first, field, "value is not a finite number")
 
@@ -873,7 +875,7 @@ def _value_error(seqs: FlatSequences, flat: int, field: str, what: str) -> Reque
     i = int(np.searchsorted(ends, row, side="right"))
     t = row - (int(ends[i - 1]) if i else 0)
     return RequestError(
-        422, "non_finite", f"sequence {i}, step {t}, feature {f}: {what}", (field, i, t, f)
+        "non_finite", f"sequence {i}, step {t}, feature {f}: {what}", (field, i, t, f)
     )
 
 
@@ -888,7 +890,7 @@ _MAX_HEADER = 100_000_000
 
 
 def _not_safetensors(why: str) -> RequestError:
-    return RequestError(400, "invalid_safetensors", f"body is not a safetensors file: {why}")
+    return RequestError("invalid_safetensors", f"body is not a safetensors file: {why}")
 
 
 def _read_header(body: bytes) -> tuple[dict[str, Any], dict[str, str], int]:
@@ -933,16 +935,16 @@ def _tensor(
 ) -> np.ndarray:
     entry = header.get(name)
     if entry is None:
-        raise RequestError(422, "missing", f"tensor '{name}' is required", (name,))
+        raise RequestError("missing", f"tensor '{name}' is required", (name,))
     if entry["dtype"] != dtype:
         raise RequestError(
-            422, "wrong_dtype", f"tensor '{name}' must be {dtype}, not {entry['dtype']}", (name,)
+            "wrong_dtype", f"tensor '{name}' must be {dtype}, not {entry['dtype']}", (name,)
         )
     shape = entry["shape"]
     if len(shape) != ndim:
         want = "[sum of lengths, features]" if ndim == 2 else "[sequences]"
         raise RequestError(
-            422, "wrong_shape", f"tensor '{name}' must be {ndim}-D {want}, not {shape}", (name,)
+            "wrong_shape", f"tensor '{name}' must be {ndim}-D {want}, not {shape}", (name,)
         )
     begin, end = entry["data_offsets"]
     arr = np.frombuffer(body, _DTYPES[dtype], (end - begin) // _DTYPES[dtype].itemsize,
@@ -958,36 +960,36 @@ def _decode_safetensors(body: bytes, field: str, limits: Limits) -> Decoded:
     for name in header:
         if name not in (field, "lengths"):
             raise RequestError(
-                422, "unknown_field",
+                "unknown_field",
                 f"unknown tensor '{name}' (expected '{field}' and 'lengths')", (name,),
             )  # fmt: skip
     data = _tensor(body, header, start, field, "F32", 2)
     lengths = _tensor(body, header, start, "lengths", "I64", 1)
     if not len(lengths):
-        raise RequestError(422, "empty", f"'{field}' holds no sequences", (field,))
+        raise RequestError("empty", f"'{field}' holds no sequences", (field,))
     if (lengths < 0).any():
         i = int(np.argmax(lengths < 0))
         raise RequestError(
-            422, "wrong_lengths", f"sequence {i} has a negative length", ("lengths", i)
+            "wrong_lengths", f"sequence {i} has a negative length", ("lengths", i)
         )
     if (lengths == 0).any():
         i = int(np.argmax(lengths == 0))
-        raise RequestError(422, "empty", f"sequence {i} has no steps", (field, i))
+        raise RequestError("empty", f"sequence {i} has no steps", (field, i))
     # no overflow: each length is at most the body's size, and there are fewer than that
     total = int(lengths.sum())
     if total != len(data):
         raise RequestError(
-            422, "wrong_lengths",
+            "wrong_lengths",
             f"lengths add up to {total} steps; tensor '{field}' has {len(data)} rows",
             ("lengths",),
         )  # fmt: skip
     if data.shape[1] == 0:
-        raise RequestError(422, "empty", "sequence 0, step 0 has no features", (field, 0, 0))
+        raise RequestError("empty", "sequence 0, step 0 has no features", (field, 0, 0))
 
     def finish(input_dim: int, model: str, check_finite: bool) -> FlatSequences:
         long = np.flatnonzero(lengths > limits.max_sequence_length)
         too_long = (int(long[0]), int(lengths[long[0]])) if len(long) else (-1, 0)
-        _check_limits(len(lengths), too_long, total, field, limits)
+        check_limits(len(lengths), too_long, total, field, limits)
         if data.shape[1] != input_dim:
             raise _width_error(data.shape[1], field, input_dim, model)
         out = FlatSequences(data, lengths)

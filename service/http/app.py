@@ -22,10 +22,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from rnnserve.service.codec import bodies
+from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings, package_version
 from rnnserve.service.http import openapi
 from rnnserve.service.http.routes import (
-    CodecPool,
     error_response,
     json_response,
     router,
@@ -146,9 +146,7 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
         err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         loc = [p for p in err["loc"] if p != "body"]
         where = ".".join(str(p) for p in loc) or "request"
-        return json_response(
-            {"detail": f"{where}: {err['msg']}", "type": "invalid_request", "loc": loc}, 422
-        )
+        return error_response(RequestError("invalid_request", f"{where}: {err['msg']}", tuple(loc)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rnnserve.service.config import Settings
+from rnnserve.service.endpoints import INFERENCE, native
 from rnnserve.service.interface import RequestError, ServedInfo
 
-ENDPOINT = {"smoother": "/smooth", "traveller": "/rollout"}
+# the endpoint that serves each kind without naming the model (from the endpoint registry)
+ENDPOINT = {e.kind: e.path for e in INFERENCE if e.kind is not None and native(e.kind) is e}
 
 
 def configured(settings: Settings, kind: str) -> str | None:
@@ -47,10 +49,10 @@ def resolve(served: Mapping[str, ServedInfo], kind: str, settings: Settings) -> 
     if not of_kind:
         known = ", ".join(sorted(served)) or "none"
         raise RequestError(
-            404, "unknown_model", f"no {kind} model is served (served: {known})", ("model",)
+            "unknown_model", f"no {kind} model is served (served: {known})", ("model",)
         )
     raise RequestError(
-        422, "missing",
+        "missing",
         f"'model' is required: several {kind} models are served ({', '.join(of_kind)}) and "
         f"none is the default (set --default-{kind})",
         ("model",),

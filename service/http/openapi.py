@@ -26,10 +26,11 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from rnnserve.service import examples
+from rnnserve.service import endpoints, examples
 from rnnserve.service.codec import bodies
 from rnnserve.service.config import Settings, package_version
-from rnnserve.service.http import defaults
+from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH
+from rnnserve.service.http import defaults, errors
 from rnnserve.service.interface import ServedInfo
 from rnnserve.service.metrics import CONTENT_TYPE
 
@@ -44,32 +45,14 @@ TAGS = [
     {"name": "metrics", "description": "Prometheus text exposition of rnnserve_* metrics."},
 ]
 _PATH_TAGS = {
-    "/smooth": "inference",
-    "/rollout": "inference",
-    "/models": "models",
+    **{e.path: "inference" for e in endpoints.INFERENCE},
+    **{path: label for path, label in endpoints.OTHER_LABELS.items()},
     "/healthz": "health",
     "/readyz": "health",
-    "/metrics": "metrics",
 }
 
-# The status each error ``type`` comes with (README's errors table; tests check both agree
-# with rnnserve.service.http.routes.ErrorType).
-ERROR_STATUS: dict[str, int] = {
-    "invalid_json": 400, "invalid_safetensors": 400, "invalid_header": 400,
-    "unauthorized": 401,
-    "unknown_model": 404, "http_error": 404,
-    "body_timeout": 408, "header_timeout": 408,
-    "body_too_large": 413, "too_many_sequences": 413, "sequence_too_long": 413,
-    "too_many_timesteps": 413,
-    "invalid_request": 422, "empty": 422, "missing": 422, "unknown_field": 422,
-    "wrong_shape": 422, "wrong_dtype": 422, "model_type": 422, "string_type": 422,
-    "wrong_lengths": 422, "wrong_feature_count": 422, "not_a_number": 422, "non_finite": 422,
-    "wrong_model_kind": 422, "cannot_stream": 422,
-    "internal": 500,
-    "not_ready": 503, "queue_full": 503, "overloaded": 503, "shutting_down": 503,
-    "engine_unavailable": 503, "out_of_memory": 503, "concurrency_limit": 503,
-    "deadline_exceeded": 504,
-}  # fmt: skip
+# The status each error ``type`` comes with: the catalogue's.
+ERROR_STATUS: dict[str, int] = {t: kind.status for t, kind in errors.CATALOGUE.items()}
 
 
 def assets_dir() -> str:
@@ -149,13 +132,17 @@ def build(app: FastAPI, served: Mapping[str, ServedInfo], settings: Settings) ->
                 op["tags"] = [tag]
             _error_descriptions(op)
     paths = schema.get("paths", {})
-    if "/smooth" in paths:
-        _inference(paths["/smooth"]["post"], "smoother", "sequences", "sequences", served, settings)
-    if "/rollout" in paths:
-        _inference(paths["/rollout"]["post"], "traveller", "inputs", "positions", served, settings)
-        _ndjson(paths["/rollout"]["post"], served, settings)
-    if "/models/{name}/infer" in paths:
+    for endpoint in (SMOOTH, ROLLOUT):
+        if endpoint.path in paths and endpoint.kind is not None:
+            op = paths[endpoint.path]["post"]
+            fields = (endpoint.input_field, endpoint.output_field)
+            _inference(op, endpoint.kind, *fields, served, settings)
+    if ROLLOUT.path in paths:
+        _ndjson(paths[ROLLOUT.path]["post"], served, settings)
+    if INFER.path in paths:
         _infer_paths(paths, served, settings)
+    if settings.bearer_token() is None:
+        _without_security(schema)
     if "/metrics" in paths:
         _metrics(paths["/metrics"]["get"])
     if "/readyz" in paths:
@@ -198,9 +185,18 @@ def _description(served: Mapping[str, ServedInfo], settings: Settings) -> str:
         f"{settings.max_request_bytes} bytes per body (413 above).",
     ]
     if settings.bearer_token() is not None:
-        lines += ["", "This server needs `Authorization: Bearer <token>` on /smooth, /rollout, "
-                  "/models and /metrics."]  # fmt: skip
+        guarded = [e.path for e in endpoints.INFERENCE[:2]] + list(endpoints.OTHER_LABELS)
+        lines += ["", "This server needs `Authorization: Bearer <token>` on "
+                  f"{', '.join(guarded[:-1])} and {guarded[-1]}."]  # fmt: skip
     return "\n".join(lines)
+
+
+def _without_security(schema: dict[str, Any]) -> None:
+    """No token, no padlocks: ``/docs`` shows no Authorize button when nothing needs one."""
+    schema.get("components", {}).pop("securitySchemes", None)
+    for ops in schema.get("paths", {}).values():
+        for op in ops.values():
+            op.pop("security", None)
 
 
 def _error_descriptions(op: dict[str, Any]) -> None:
@@ -208,7 +204,7 @@ def _error_descriptions(op: dict[str, Any]) -> None:
     for status, response in op.get("responses", {}).items():
         if not status.isdigit() or int(status) < 400:
             continue
-        types = sorted(t for t, s in ERROR_STATUS.items() if s == int(status))
+        types = errors.types_of(int(status))
         if types and "type:" not in response.get("description", ""):
             response["description"] += " (type: " + ", ".join(types) + ")"
 
@@ -256,6 +252,42 @@ def _timeout_headers(op: dict[str, Any], settings: Settings) -> None:
     ]
 
 
+def _width_text(kind: str, of_kind: dict[str, int], default: str | None, width: int | None) -> str:
+    """How many numbers a step of ``kind``'s endpoint holds, in words."""
+    what = "features" if kind == "smoother" else "exogenous inputs"
+    per_model = ", ".join(f"{name}: {dim}" for name, dim in of_kind.items())
+    if len(set(of_kind.values())) > 1:
+        shown = f" (the schema shows the default model {default}'s)" if default else ""
+        return f"the model's number of {what} ({per_model}){shown}"
+    if width is not None:
+        return f"{width} {what}"
+    return f"the model's number of {what}"
+
+
+def _request_examples(
+    field: str, of_kind: dict[str, int], default: str | None
+) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
+    """The request examples (one for the default model, one per model of the kind) and, per
+    example, the model that answers it and its answer's summary."""
+    requests: dict[str, Any] = {}
+    answered: dict[str, tuple[str, str]] = {}  # example name -> (model, summary)
+    steps_text = " and ".join(str(n) for n in examples.LENGTHS)
+    if default is not None:
+        summary = f"two sequences ({steps_text} steps) for the default model {default}"
+        requests["default model"] = {
+            "summary": summary,
+            "value": {field: examples.example_inputs(of_kind[default])},
+        }
+        answered["default model"] = (default, f"{default}'s answer")
+    for name, dim in of_kind.items():
+        requests[f"model {name}"] = {
+            "summary": f"two sequences ({steps_text} steps) for {name}",
+            "value": {field: examples.example_inputs(dim), "model": name},
+        }
+        answered[f"model {name}"] = (name, f"{name}'s answer")
+    return requests, answered
+
+
 def _inference(
     op: dict[str, Any],
     kind: str,
@@ -282,15 +314,7 @@ def _inference(
         width = next(iter(widths))
     if width is not None:
         step["minItems"] = step["maxItems"] = width
-    what = "features" if kind == "smoother" else "exogenous inputs"
-    per_model = ", ".join(f"{name}: {dim}" for name, dim in of_kind.items())
-    if len(widths) > 1:
-        shown = f" (the schema shows the default model {default}'s)" if default else ""
-        width_text = f"the model's number of {what} ({per_model}){shown}"
-    elif width is not None:
-        width_text = f"{width} {what}"
-    else:
-        width_text = f"the model's number of {what}"
+    width_text = _width_text(kind, of_kind, default, width)
     seqs["description"] = (
         f"N sequences (1 to {settings.max_sequences_per_request}), each a list of T_i steps "
         f"(1 to {settings.max_sequence_length}; at most {settings.max_request_timesteps} steps "
@@ -315,22 +339,7 @@ def _inference(
         f"N sequences of T_i steps of {width_text} each, and optionally the model's name."
     )
     body["title"] = body.get("title", "Request")
-    requests: dict[str, Any] = {}
-    answered: dict[str, tuple[str, str]] = {}  # example name -> (model, summary)
-    steps_text = " and ".join(str(n) for n in examples.LENGTHS)
-    if default is not None:
-        summary = f"two sequences ({steps_text} steps) for the default model {default}"
-        requests["default model"] = {
-            "summary": summary,
-            "value": {field: examples.example_inputs(of_kind[default])},
-        }
-        answered["default model"] = (default, f"{default}'s answer")
-    for name, dim in of_kind.items():
-        requests[f"model {name}"] = {
-            "summary": f"two sequences ({steps_text} steps) for {name}",
-            "value": {field: examples.example_inputs(dim), "model": name},
-        }
-        answered[f"model {name}"] = (name, f"{name}'s answer")
+    requests, answered = _request_examples(field, of_kind, default)
     if requests:
         content["application/json"]["examples"] = requests
     content[bodies.SAFETENSORS]["schema"]["description"] = (
@@ -360,10 +369,11 @@ def _infer_paths(
 ) -> None:
     """``POST /models/{name}/infer`` with the limits, and one path per served model with its
     own input and output widths, an example request and its real answer."""
-    generic = paths["/models/{name}/infer"]["post"]
+    in_field, out_field = INFER.input_field, INFER.output_field
+    generic = paths[INFER.path]["post"]
     inputs = generic["requestBody"]["content"]["application/json"]["schema"]["properties"]
-    inputs["inputs"]["maxItems"] = settings.max_sequences_per_request
-    inputs["inputs"]["items"]["maxItems"] = settings.max_sequence_length
+    inputs[in_field]["maxItems"] = settings.max_sequences_per_request
+    inputs[in_field]["items"]["maxItems"] = settings.max_sequence_length
     names = sorted(served)
     generic["parameters"][0]["description"] = (
         f"a served model: {', '.join(names) or 'none yet'}; each also has its own path "
@@ -372,93 +382,106 @@ def _infer_paths(
     generic["description"] = (
         "Runs any served model (smoothers, Travellers, your own recurrent and TorchScript "
         "models) over N sequences at once; concurrent requests share batches. Send JSON or "
-        "safetensors (tensors 'inputs' and 'lengths'); the answer is JSON unless Accept asks "
+        f"safetensors (tensors '{in_field}' and 'lengths'); the answer is JSON unless Accept asks "
         "for application/x-safetensors."
     )
-    _binary_answer(generic, "outputs")
+    _binary_answer(generic, out_field)
     _timeout_headers(generic, settings)
     taken = {op.get("operationId") for ops in paths.values() for op in ops.values()}
     for name in names:
-        m = served[name]
-        op = copy.deepcopy(generic)
-        op["parameters"] = [p for p in op["parameters"] if p.get("in") != "path"]
-        op_id = "infer_" + re.sub(r"\W", "_", name)
-        while op_id in taken:
-            op_id += "_"
-        taken.add(op_id)
-        op["operationId"] = op_id
-        shapes = m.info.get("shapes", {})
-        out_width = shapes.get("output", [None, None])[1] if isinstance(shapes, dict) else None
-        out_text = f"{out_width} outputs" if isinstance(out_width, int) else "its outputs"
-        op["summary"] = f"Run {name} ({m.kind}: {m.input_dim} features -> {out_text} per step)"
-        op["description"] = (
-            f"Runs the {m.kind} model {name} over N sequences of {m.input_dim} features per "
-            f"step; the answer holds one sequence of {out_text} per step for each. "
-            + generic["description"].split(" at once; ", 1)[1]
-        )
-        body = op["requestBody"]["content"]["application/json"]
-        schema = body["schema"]
-        schema["description"] = f"N sequences of T_i steps of {m.input_dim} features each."
-        seqs = schema["properties"]["inputs"]
-        seqs["items"]["items"]["minItems"] = seqs["items"]["items"]["maxItems"] = m.input_dim
-        seqs["description"] = (
-            f"N sequences (1 to {settings.max_sequences_per_request}), each a list of T_i steps "
-            f"(1 to {settings.max_sequence_length}; at most {settings.max_request_timesteps} "
-            f"steps in the whole request), each step a list of {m.input_dim} numbers."
-        )
-        schema["properties"]["model"] = {
-            "type": "string",
-            "enum": [name],
-            "title": "Model",
-            "description": "Optional; if given, it must be this path's model.",
-        }
-        steps_text = " and ".join(str(n) for n in examples.LENGTHS)
-        summary = f"two sequences ({steps_text} steps) of {m.input_dim} features"
-        body["examples"] = {
-            "example": {
-                "summary": summary,
-                "value": {"inputs": examples.example_inputs(m.input_dim)},
-            }
-        }
-        binary = op["requestBody"]["content"][bodies.SAFETENSORS]["schema"]
-        binary["description"] = (
-            f"a safetensors file: float32 tensor 'inputs' [sum T_i, {m.input_dim}] (the "
-            "sequences one after another), int64 tensor 'lengths' [N]"
-        )
-        ok = op["responses"]["200"]
-        answer: dict[str, Any] = {
-            "type": "object",
-            "title": f"{name} answer",
-            "properties": {
-                "model": {"type": "string", "enum": [name]},
-                "outputs": {
+        op = _model_path(generic, name, served[name], settings, taken)
+        paths[f"/models/{urllib.parse.quote(name, safe='')}/infer"] = {"post": op}
+
+
+def _answer_schema(name: str, out_field: str, out_width: Any) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "type": "object",
+        "title": f"{name} answer",
+        "properties": {
+            "model": {"type": "string", "enum": [name]},
+            out_field: {
+                "type": "array",
+                "description": f"N sequences, each [T_i][{out_width or 'outputs'}] numbers",
+                "items": {
                     "type": "array",
-                    "description": f"N sequences, each [T_i][{out_width or 'outputs'}] numbers",
-                    "items": {
-                        "type": "array",
-                        "items": {"type": "array", "items": {"type": "number"}},
-                    },
+                    "items": {"type": "array", "items": {"type": "number"}},
                 },
             },
-            "required": ["model", "outputs"],
+        },
+        "required": ["model", out_field],
+    }
+    if isinstance(out_width, int):
+        step = answer["properties"][out_field]["items"]["items"]
+        step["minItems"] = step["maxItems"] = out_width
+    return answer
+
+
+def _model_path(
+    generic: dict[str, Any], name: str, m: ServedInfo, settings: Settings, taken: set[Any]
+) -> dict[str, Any]:
+    """The ``POST /models/<name>/infer`` of one served model: its widths, example, answer."""
+    in_field, out_field = INFER.input_field, INFER.output_field
+    op = copy.deepcopy(generic)
+    op["parameters"] = [p for p in op["parameters"] if p.get("in") != "path"]
+    op_id = "infer_" + re.sub(r"\W", "_", name)
+    while op_id in taken:
+        op_id += "_"
+    taken.add(op_id)
+    op["operationId"] = op_id
+    shapes = m.info.get("shapes", {})
+    out_width = shapes.get("output", [None, None])[1] if isinstance(shapes, dict) else None
+    out_text = f"{out_width} outputs" if isinstance(out_width, int) else "its outputs"
+    op["summary"] = f"Run {name} ({m.kind}: {m.input_dim} features -> {out_text} per step)"
+    op["description"] = (
+        f"Runs the {m.kind} model {name} over N sequences of {m.input_dim} features per "
+        f"step; the answer holds one sequence of {out_text} per step for each. "
+        + generic["description"].split(" at once; ", 1)[1]
+    )
+    body = op["requestBody"]["content"]["application/json"]
+    schema = body["schema"]
+    schema["description"] = f"N sequences of T_i steps of {m.input_dim} features each."
+    seqs = schema["properties"][in_field]
+    seqs["items"]["items"]["minItems"] = seqs["items"]["items"]["maxItems"] = m.input_dim
+    seqs["description"] = (
+        f"N sequences (1 to {settings.max_sequences_per_request}), each a list of T_i steps "
+        f"(1 to {settings.max_sequence_length}; at most {settings.max_request_timesteps} "
+        f"steps in the whole request), each step a list of {m.input_dim} numbers."
+    )
+    schema["properties"]["model"] = {
+        "type": "string",
+        "enum": [name],
+        "title": "Model",
+        "description": "Optional; if given, it must be this path's model.",
+    }
+    steps_text = " and ".join(str(n) for n in examples.LENGTHS)
+    summary = f"two sequences ({steps_text} steps) of {m.input_dim} features"
+    body["examples"] = {
+        "example": {
+            "summary": summary,
+            "value": {in_field: examples.example_inputs(m.input_dim)},
         }
-        if isinstance(out_width, int):
-            step = answer["properties"]["outputs"]["items"]["items"]
-            step["minItems"] = step["maxItems"] = out_width
-        ok["content"]["application/json"] = {"schema": answer}
-        example = _example(m)
-        if example is not None:
-            ok["content"]["application/json"]["examples"] = {
-                "example": {
-                    "summary": f"{name}'s answer to the request example",
-                    "value": {"model": name, "outputs": example["outputs"]},
-                }
+    }
+    binary = op["requestBody"]["content"][bodies.SAFETENSORS]["schema"]
+    binary["description"] = (
+        f"a safetensors file: float32 tensor '{in_field}' [sum T_i, {m.input_dim}] (the "
+        "sequences one after another), int64 tensor 'lengths' [N]"
+    )
+    ok = op["responses"]["200"]
+    answer = _answer_schema(name, out_field, out_width)
+    ok["content"]["application/json"] = {"schema": answer}
+    example = _example(m)
+    if example is not None:
+        ok["content"]["application/json"]["examples"] = {
+            "example": {
+                "summary": f"{name}'s answer to the request example",
+                "value": {"model": name, out_field: example["outputs"]},
             }
-        ok["description"] = (
-            "one output sequence per input sequence, in order; the example is the model's real "
-            "answer to the request example"
-        )
-        paths[f"/models/{urllib.parse.quote(name, safe='')}/infer"] = {"post": op}
+        }
+    ok["description"] = (
+        "one output sequence per input sequence, in order; the example is the model's real "
+        "answer to the request example"
+    )
+    return op
 
 
 def _binary_answer(op: dict[str, Any], out_field: str) -> None:

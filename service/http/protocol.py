@@ -34,12 +34,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import http
 import logging
 from typing import Any
 
 import orjson
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from rnnserve.service.http import errors
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -63,8 +66,11 @@ def app_state(app: Any) -> Any:
     return None
 
 
-def _error(status: bytes, detail: str, kind: str, extra: bytes = b"") -> bytes:
+def _error(kind: str, detail: str, extra: bytes = b"") -> bytes:
+    """A whole HTTP response: the JSON error body of ``kind``, with the catalogue's status."""
     body = orjson.dumps({"detail": detail, "type": kind, "loc": []})
+    code = errors.status(kind)
+    status = f"{code} {http.HTTPStatus(code).phrase}".encode()
     return (
         b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
         b"content-length: " + str(len(body)).encode() + b"\r\n" + extra + b"connection: close\r\n"
@@ -85,7 +91,8 @@ async def _concurrency_limit(limit: int | None, scope: Any, receive: Any, send: 
         (b"retry-after", b"1"),
         (b"connection", b"close"),
     ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    code = errors.status("concurrency_limit")
+    await send({"type": "http.response.start", "status": code, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -145,7 +152,7 @@ class _HeaderTimeout:
         if self.cycle is not armed_with or not self._idle() or self.transport.is_closing():
             return  # a head arrived meanwhile (e.g. a pipelined one), or the connection ended
         detail = f"the request line and headers did not arrive within {self._header_timeout_s:g} s"
-        self.transport.write(_error(b"408 Request Timeout", detail, "header_timeout"))
+        self.transport.write(_error("header_timeout", detail))
         self.transport.close()
         metrics = getattr(self._state, "metrics", None)
         if metrics is not None:

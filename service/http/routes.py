@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import hmac
@@ -14,19 +13,24 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.types import DecoratedCallable
 from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive, Scope, Send
 
+from rnnserve.service import endpoints
 from rnnserve.service.codec import bodies
+from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings
-from rnnserve.service.http import defaults
+from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, Endpoint
+from rnnserve.service.http import defaults, errors
 from rnnserve.service.http.validation import (
     RolloutRequest,
     RolloutResponse,
@@ -46,6 +50,7 @@ from rnnserve.service.interface import (
     QueueFull,
     RequestError,
     Runtime,
+    ServedInfo,
     StreamingUnavailable,
     UnknownModel,
     is_out_of_memory,
@@ -63,25 +68,8 @@ REQUEST_ID_HEADER = "X-Request-Id"
 TIMEOUT_HEADER = "X-Request-Timeout"
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces
 
-# Every ``type`` of an error body a client can receive (README lists them with their status).
-ErrorType = Literal[
-    # 400: the body cannot be read
-    "invalid_json", "invalid_safetensors", "invalid_header",
-    # 401, 404, 408, 413
-    "unauthorized", "unknown_model", "body_timeout", "header_timeout",
-    "body_too_large", "too_many_sequences", "sequence_too_long", "too_many_timesteps",
-    # 422: input of the wrong shape or values
-    "invalid_request", "empty", "missing", "unknown_field", "wrong_shape", "wrong_dtype",
-    "model_type", "string_type",  # pydantic's: the body is not an object; 'model' not a string
-    "wrong_lengths", "wrong_feature_count", "not_a_number", "non_finite", "wrong_model_kind",
-    "cannot_stream",
-    # 503: try again later (Retry-After)
-    "not_ready", "queue_full", "overloaded", "shutting_down", "engine_unavailable",
-    "out_of_memory", "concurrency_limit",
-    # 504, 500, other HTTP errors (405, 404 of a path that does not exist)
-    "deadline_exceeded", "internal", "http_error",
-]  # fmt: skip
-ERROR_TYPES: frozenset[str] = frozenset(get_args(ErrorType))
+
+ERROR_TYPES = errors.ERROR_TYPES  # the catalogue's, for the tests that import it here
 
 
 class ClientGone(Exception):
@@ -94,7 +82,10 @@ class DeadlineExceeded(Exception):
 
 class ErrorBody(BaseModel):
     detail: str
-    type: ErrorType = Field(description="machine-readable kind of error; README lists each")
+    type: str = Field(
+        description="machine-readable kind of error; docs/API.md lists each",
+        json_schema_extra={"enum": list(errors.CATALOGUE)},
+    )
     loc: list[str | int]
 
 
@@ -139,31 +130,8 @@ def _body_spec(schema: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text}
-    for code, text in (
-        (400, "body is not JSON or safetensors, or a bad X-Request-Timeout header"),
-        (401, "a bearer token is required (when the server has one) and was missing or wrong"),
-        (404, "no such model"),
-        (
-            408,
-            "the body (or the request head) did not arrive within body_timeout_s "
-            "(header_timeout_s)",
-        ),
-        (413, "request over a configured limit"),
-        (422, "input of the wrong shape or values"),
-        (
-            503,
-            "not ready, queue full, overloaded (memory budget), shutting down, engine "
-            "unavailable, out of memory or at limit_concurrency; try again after Retry-After",
-        ),
-        (504, "the request's deadline passed before its answer was ready"),
-    )
-}
-_INFER_ERRORS = {
-    **_ERRORS,
-    500: {"model": ErrorBody, "description": "internal error; see the server log"},
-}
+_INFER_ERRORS = errors.openapi_responses(errors.INFERENCE_STATUSES, ErrorBody)
+_TOKEN_ERRORS = errors.openapi_responses((401,), ErrorBody)
 
 
 # -- authentication ------------------------------------------------------------------------------
@@ -184,19 +152,13 @@ def _server_token(request: Request) -> bytes | None:
     return token
 
 
-# the ``endpoint`` label of each route that needs the token (never the client's path: a model
-# name in it, or a proxy's prefix, would make a label series per client string)
-_ENDPOINT = {"/smooth": "smooth", "/rollout": "rollout", "/models/{name}/infer": "infer",
-             "/models": "models", "/metrics": "metrics"}  # fmt: skip
-
-
 async def authorize(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     """Require ``Authorization: Bearer <token>`` when the server has a token."""
     route = request.scope.get("route")
-    check_token(request, credentials, _ENDPOINT.get(getattr(route, "path", ""), "none"))
+    check_token(request, credentials, endpoints.label(getattr(route, "path", "")))
 
 
 def check_token(
@@ -212,16 +174,22 @@ def check_token(
     metrics: Metrics = request.app.state.metrics
     metrics.rejected.labels(endpoint, "unauthorized").inc()
     why = "a wrong bearer token" if credentials is not None else "no bearer token"
-    raise RequestError(401, "unauthorized", f"this endpoint needs a bearer token; got {why}")
+    raise RequestError("unauthorized", f"this endpoint needs a bearer token; got {why}")
 
 
 _AUTH = [Depends(authorize)]
 
 
-def error_response(exc: RequestError) -> Response:
-    """A :class:`RequestError` raised outside a route's own handling (the token check)."""
-    auth = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return json_response(exc.body(), exc.status, auth)
+def error_response(exc: RequestError, headers: dict[str, str] | None = None) -> Response:
+    """The JSON answer to ``exc``, with the status the catalogue gives its type; 401 asks for
+    the token, 503 says when to try again."""
+    code = errors.status(exc.type)
+    headers = dict(headers or {})
+    if code == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    elif code == 503:
+        headers["Retry-After"] = "1"
+    return json_response(errors.body(exc), code, headers or None)
 
 
 # -- memory budget -------------------------------------------------------------------------------
@@ -262,36 +230,6 @@ def _budget(request: Request) -> ByteBudget:
 # -- JSON off the event loop ---------------------------------------------------------------------
 
 
-class CodecPool:
-    """Threads that read large JSON bodies and write large JSON answers off the event loop.
-
-    The JSON scanner and writer are numba functions that release the GIL, so on a thread they
-    run beside the event loop (which goes on reading, routing and answering other requests) and
-    beside each other. Measured on 2 cores, 64 clients sending 4,000-step /smooth bodies
-    (720 KB): the event loop was at 99 % of a core and 315 requests/s; with two codec threads
-    477 requests/s (docs/BENCHMARKS.md). Below ``min_bytes`` the work stays on the loop: the
-    hand-off (a future, a wake-up, the GIL changing hands) costs more than a small parse.
-    """
-
-    def __init__(self, threads: int, min_bytes: int) -> None:
-        self.min_bytes = min_bytes
-        self._pool = (
-            concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="rnnserve-codec")
-            if threads > 0
-            else None
-        )
-
-    async def run(self, size: int, fn: Callable[..., A], *args: Any) -> A:
-        """``fn(*args)``: on a codec thread when ``size`` bytes are at least ``min_bytes``."""
-        if self._pool is None or size < self.min_bytes:
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-
-
 def _json_bytes(outputs: Any) -> int:
     """About the size of ``outputs`` written as JSON (12 bytes a number, the usual float32)."""
     data = getattr(outputs, "data", None)
@@ -301,10 +239,21 @@ def _json_bytes(outputs: Any) -> int:
 
 def _overloaded(budget: ByteBudget) -> RequestError:
     return RequestError(
-        503, "overloaded",
+        "overloaded",
         f"the server holds {budget.used} bytes of requests (its budget is {budget.limit}); "
         "try again later",
     )  # fmt: skip
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> dict[str, str]:
+    """Where to start: a bare 404 here told a new user nothing."""
+    return {
+        "service": "rnnserve",
+        "docs": "/docs",
+        "models": "/models",
+        "openapi": "/openapi.json",
+    }
 
 
 @router.get("/healthz", summary="Liveness: 200 while the process runs")
@@ -323,7 +272,7 @@ async def readyz(request: Request) -> Response:
     "/models",
     summary="The served models: name, kind, shapes, parameters",
     dependencies=_AUTH,
-    responses={401: _ERRORS[401]},
+    responses=_TOKEN_ERRORS,
 )
 async def list_models(request: Request) -> dict[str, Any]:
     runtime: Runtime = request.app.state.runtime
@@ -343,32 +292,10 @@ async def list_models(request: Request) -> dict[str, Any]:
     "/metrics",
     summary="Prometheus text exposition",
     dependencies=_AUTH,
-    responses={401: _ERRORS[401]},
+    responses=_TOKEN_ERRORS,
 )
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE)
-
-
-@router.post(
-    "/smooth",
-    summary="Smooth N sequences of F features",
-    openapi_extra=_body_spec(SmoothRequest),
-    responses={200: {"model": SmoothResponse}, **_INFER_ERRORS},
-    dependencies=_AUTH,
-)
-async def smooth(request: Request) -> Response:
-    return await _infer(request, "smooth", "smoother", SmoothRequest, "sequences", "sequences")
-
-
-@router.post(
-    "/rollout",
-    summary="Roll the Traveller out over N sequences of exogenous inputs",
-    openapi_extra=_body_spec(RolloutRequest),
-    responses={200: {"model": RolloutResponse}, **_INFER_ERRORS},
-    dependencies=_AUTH,
-)
-async def rollout(request: Request) -> Response:
-    return await _infer(request, "rollout", "traveller", RolloutRequest, "inputs", "positions")
 
 
 class InferRequest(BaseModel):
@@ -384,53 +311,64 @@ class InferResponse(BaseModel):
     outputs: list[list[list[float]]] = Field(description="N sequences, each [T_i][outputs]")
 
 
-@router.post(
-    "/models/{name}/infer",
-    summary="Run served model {name} (any kind, your own recurrent models too) over N sequences",
-    openapi_extra=_body_spec(InferRequest),
-    responses={200: {"model": InferResponse}, **_INFER_ERRORS},
-    dependencies=_AUTH,
-)
+# each inference endpoint's request and answer schemas
+_SCHEMAS: dict[Endpoint, tuple[type[BaseModel], type[BaseModel]]] = {
+    SMOOTH: (SmoothRequest, SmoothResponse),
+    ROLLOUT: (RolloutRequest, RolloutResponse),
+    INFER: (InferRequest, InferResponse),
+}
+
+
+def _route(endpoint: Endpoint) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    request_schema, answer = _SCHEMAS[endpoint]
+    return router.post(
+        endpoint.path,
+        summary=endpoint.summary,
+        openapi_extra=_body_spec(request_schema),
+        responses={200: {"model": answer}, **_INFER_ERRORS},
+        dependencies=_AUTH,
+    )
+
+
+@_route(SMOOTH)
+async def smooth(request: Request) -> Response:
+    return await _infer(request, SMOOTH)
+
+
+@_route(ROLLOUT)
+async def rollout(request: Request) -> Response:
+    return await _infer(request, ROLLOUT)
+
+
+@_route(INFER)
 async def infer(request: Request, name: str) -> Response:
-    return await _infer(request, "infer", None, InferRequest, "inputs", "outputs", path_model=name)
+    return await _infer(request, INFER, path_model=name)
 
 
 async def serve_inference(scope: Scope, receive: Receive, send: Send) -> bool:
-    """Serve ``POST /smooth``, ``/rollout`` and ``/models/{name}/infer`` straight from the ASGI
-    call, without FastAPI's routing, dependency solving and middleware, which cost as much CPU
-    per request as parsing the body; ``False``: not one of them, let FastAPI route it.
+    """Serve the inference endpoints (:data:`rnnserve.service.endpoints.INFERENCE`) straight
+    from the ASGI call, without FastAPI's routing, dependency solving and middleware, which
+    cost as much CPU per request as parsing the body; ``False``: not one of them, let FastAPI
+    route it.
 
     The routes above stay the documented ones (OpenAPI) and serve what this declines (a
     ``root_path`` set by a proxy); both run the same token check and :func:`_infer`.
     """
-    path = scope["path"]
     if scope["method"] != "POST" or scope.get("root_path"):
         return False
-    name = None
-    if path == "/smooth":
-        args: tuple[Any, ...] = ("smooth", "smoother", SmoothRequest, "sequences", "sequences")
-    elif path == "/rollout":
-        args = ("rollout", "traveller", RolloutRequest, "inputs", "positions")
-    elif path.startswith("/models/") and path.endswith("/infer") and len(path) > 14:
-        name = path[8:-6]
-        if "/" in name:
-            return False
-        args = ("infer", None, InferRequest, "inputs", "outputs")
-    else:
+    found = endpoints.by_path(scope["path"])
+    if found is None:
         return False
+    endpoint, name = found
     request = Request(scope, receive)
     try:
-        check_token(request, await _bearer(request), args[0])
+        check_token(request, await _bearer(request), endpoint.label)
     except RequestError as exc:
         response = error_response(exc)
     else:
-        response = await _infer(request, *args, path_model=name)
+        response = await _infer(request, endpoint, path_model=name)
     await response(scope, receive, send)
     return True
-
-
-# where each kind of model is served natively; every kind answers at /models/{name}/infer
-_NATIVE = {"smoother": "/smooth", "traveller": "/rollout"}
 
 
 class _Held:
@@ -443,7 +381,7 @@ async def _read_body(request: Request, limit: int, timeout_s: float, held: _Held
     """The body, within ``limit`` bytes and ``timeout_s`` seconds, counted against the budget:
     the declared length up front (so a client is refused before it sends), the rest as it
     arrives."""
-    too_big = RequestError(413, "body_too_large", f"request body is over {limit} bytes")
+    too_big = RequestError("body_too_large", f"request body is over {limit} bytes")
     budget = _budget(request)
     declared = request.headers.get("content-length", "")
     if declared.isdigit():
@@ -468,7 +406,7 @@ async def _read_body(request: Request, limit: int, timeout_s: float, held: _Held
                     chunks.append(chunk)
     except TimeoutError:
         raise RequestError(
-            408, "body_timeout",
+            "body_timeout",
             f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)",
         ) from None  # fmt: skip
     return b"".join(chunks)
@@ -512,168 +450,272 @@ def _deadline(request: Request, started: float, default_s: float) -> float:
             asked = math.nan
         if not asked > 0:  # also NaN
             raise RequestError(
-                400, "invalid_header",
+                "invalid_header",
                 f"{TIMEOUT_HEADER} must be a positive number of seconds, not {given[:32]!r}",
             )  # fmt: skip
         timeout = min(timeout, asked)
     return started + timeout
 
 
-async def _infer(
-    request: Request,
-    endpoint: str,
-    kind: str | None,
-    schema: type[BaseModel],
-    field: str,
-    out_field: str,
-    *,
-    path_model: str | None = None,
-) -> Response:
-    """One inference request. ``kind``: the kind of model the endpoint serves (its default
-    model's name too); ``None`` with ``path_model``, the model named in the path, of any kind."""
-    state = request.app.state
-    metrics: Metrics = state.metrics
-    runtime: Runtime = state.runtime
-    settings = state.settings
-    started = time.perf_counter()
-    gauge = metrics.child(metrics.in_flight, endpoint)
+@dataclass
+class _Call:
+    """One inference request as it goes through the steps of :func:`_infer`."""
+
+    request: Request
+    endpoint: Endpoint
+    path_model: str | None
+    gauge: Gauge
+    started: float = field(default_factory=time.perf_counter)
+    rid: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    held: _Held = field(default_factory=_Held)
+    deadline: float = math.inf
+    model_label: str = "unknown"  # the default model, until the body or path names one
+    code: int = 500
+    where: tuple[str, ...] = ("model",)  # where the request named its model
+    running: bool = False  # the model has the request
+    streamed: bool = False  # a stream's own finally accounts for it
+    sequences: Any = None
+
+    @property
+    def state(self) -> Any:
+        return self.request.app.state
+
+    @property
+    def metrics(self) -> Metrics:
+        metrics: Metrics = self.state.metrics
+        return metrics
+
+
+def _begin(request: Request, endpoint: Endpoint, path_model: str | None) -> _Call:
+    metrics: Metrics = request.app.state.metrics
+    gauge = metrics.child(metrics.in_flight, endpoint.label)
     gauge.inc()
-    in_flight: Gauge | None = gauge  # None once a stream has taken over the accounting
-    model_label = kind or "unknown"  # the default model, until the body or path names one
-    code = 500
-    rid = _request_id(request)
-    REQUEST_ID.set(rid)  # this request's task only: the batcher logs failures with it
-    headers = {REQUEST_ID_HEADER: rid}
-    held = _Held()
+    call = _Call(request, endpoint, path_model, gauge, model_label=endpoint.kind or "unknown")
+    call.rid = _request_id(request)
+    REQUEST_ID.set(call.rid)  # this request's task only: the batcher logs failures with it
+    call.headers[REQUEST_ID_HEADER] = call.rid
+    return call
+
+
+async def _infer(
+    request: Request, endpoint: Endpoint, *, path_model: str | None = None
+) -> Response:
+    """One inference request: admit, read, decode, choose the model, run, respond.
+
+    ``path_model``: the model named in the path (``INFER``); the other endpoints serve the
+    default model of their kind unless the body names one."""
+    call = _begin(request, endpoint, path_model)
     try:
-        if not state.ready:
-            raise RequestError(503, "not_ready", "the server is starting or shutting down")
-        deadline = _deadline(request, started, settings.request_timeout_s)
-        body = await _read_body(request, settings.max_request_bytes, settings.body_timeout_s, held)
-        limits = Limits(
-            settings.max_sequences_per_request,
-            settings.max_sequence_length,
-            settings.max_request_timesteps,
-        )
-        codec: CodecPool = state.codec  # create_app's, closed by its lifespan
-        ctype = request.headers.get("content-type")
-        # safetensors bodies are read in place, in far less than a hand-off to a thread costs
-        json_bytes = 0 if bodies.is_safetensors(ctype) else len(body)
-        decoded = await codec.run(json_bytes, bodies.decode, body, ctype, field, limits)
-        if decoded is None:  # off the JSON fast path: the precise parser says what is wrong
-            name, sequences = await codec.run(len(body), parse_body, body, schema, field)
-        else:
-            name = decoded.model
-        where: tuple[str, ...] = ("model",)
-        if path_model is not None:
-            if name is not None and name != path_model:
-                raise RequestError(
-                    422, "invalid_request",
-                    f"the body names model '{name[:64]}' but the path names '{path_model[:64]}'; "
-                    "leave 'model' out of the body",
-                    ("model",),
-                )  # fmt: skip
-            name, where = path_model, ("path", "name")
-        if not name and kind is not None:  # the only one of its kind, or the configured one
-            name = _default_model(state, kind)
-        name = name or ""
-        try:
-            served = runtime.get(name)
-        except UnknownModel as exc:
-            model_label = "unknown"  # not the client's text: labels stay few
-            raise RequestError(404, "unknown_model", str(exc), where) from None
-        model_label = name
-        if kind is not None and served.kind != kind:
-            other = _NATIVE.get(served.kind, f"/models/{name}/infer")
-            raise RequestError(
-                422, "wrong_model_kind",
-                f"model '{name}' is a {served.kind} model; send it to POST {other}", ("model",),
-            )  # fmt: skip
-        if decoded is None:
-            sequences = await codec.run(
-                len(body), to_arrays, sequences, field, served.input_dim, limits, name
-            )
-        else:
-            # a model that checks its inputs as it runs spares the body a second pass
-            sequences = decoded.sequences(served.input_dim, name, not served.checks_finite)
-        streaming = endpoint == "rollout" and NDJSON in request.headers.get("accept", "")
-        if time.perf_counter() >= deadline:  # reading and parsing took it all: never queued
-            raise DeadlineExceeded
-        try:
-            if streaming:
-                try:
-                    pieces = await runtime.open_stream(name, sequences)
-                except StreamingUnavailable as exc:
-                    raise RequestError(422, "cannot_stream", str(exc), ("model",)) from None
-                code = 200
-                finish = (gauge, metrics, endpoint, model_label, started, deadline)
-                in_flight = None  # the stream's own finally accounts for it
-                stream = _ndjson(request, name, pieces, *finish)
-                return StreamingResponse(stream, media_type=NDJSON, headers=headers)
-            outputs = await _unless_disconnected(request, runtime.infer(name, sequences), deadline)
-        except QueueFull as exc:
-            raise RequestError(503, "queue_full", str(exc)) from None
-        except BatcherClosed as exc:
-            raise RequestError(503, "shutting_down", str(exc)) from None
-        except EngineUnavailable as exc:  # several workers: the model process has gone
-            raise RequestError(503, "engine_unavailable", str(exc)) from None
-        except NonFiniteInput:  # found by the model in its own pass; say where
-            raise bodies.non_finite_error(sequences, field) from None
-        except Exception as exc:
-            if not is_out_of_memory(exc):
-                raise
-            # it failed alone (the batch was split down to it): the device is too full now
-            raise RequestError(
-                503, "out_of_memory", f"the model ran out of memory on this request ({rid})"
-            ) from None
-        code = 200
-        if bodies.wants_safetensors(request.headers.get("accept")):
-            parts = bodies.encode_parts(name, out_field, outputs)
-            response: Response = BuffersResponse(parts, media_type=bodies.SAFETENSORS)
-            response.headers.update(headers)
-            return response
-        answer = await codec.run(
-            _json_bytes(outputs), functools.partial(bodies.encode, view=True),
-            name, out_field, outputs, False,
-        )  # fmt: skip
-        return Response(answer, media_type=bodies.JSON, headers=headers)
-    except ClientGone:
-        code = 499  # nginx's "client closed request": nobody reads this answer
-        metrics.cancelled.labels(endpoint).inc()
-        return Response(status_code=code, headers=headers)
-    except DeadlineExceeded:
-        code = 504
-        metrics.expired.labels(endpoint).inc()
-        waited = time.perf_counter() - started
-        err = {"detail": f"the request's deadline passed after {waited:.3f} s; it was dropped",
-               "type": "deadline_exceeded", "loc": []}  # fmt: skip
-        return json_response(err, code, headers)
-    except RequestError as exc:
-        code = exc.status
-        err = exc.body()
-        if exc.type not in ERROR_TYPES:  # a parser's own kind: keep the documented few
-            err["type"] = "invalid_request" if exc.status == 422 else "http_error"
-        metrics.rejected.labels(endpoint, err["type"]).inc()
-        if exc.status == 503:
-            headers["Retry-After"] = "1"
-        return json_response(err, exc.status, headers)
+        _admit(call)
+        body = await _read(call)
+        parsed = await _decode(call, body)
+        name, served = _choose_model(call, parsed.model)
+        call.sequences = await _arrays(call, body, parsed, name, served)
+        return await _run(call, name)
+    except (ClientGone, DeadlineExceeded, RequestError) as exc:
+        return _refuse(call, exc)
     except Exception as exc:
-        if not was_logged(exc):  # the batcher logs a model's failure once, with the ids
-            log.exception("%s failed (request %s)", endpoint, rid)
-        return json_response(
-            {"detail": f"internal server error; see the server log (request {rid})",
-             "type": "internal", "loc": []},
-            500, headers,
-        )  # fmt: skip
+        mapped = _as_request_error(exc, call)
+        return _refuse(call, mapped) if mapped is not None else _internal(call, exc)
     finally:
-        # a streamed rollout's bytes are given back once it is queued (its copy is the
-        # scheduler's)
-        _budget(request).give(held.n)
-        if in_flight is not None:
-            in_flight.dec()
-            elapsed = time.perf_counter() - started
-            duration = metrics.child(metrics.request_duration, endpoint, model_label, str(code))
-            duration.observe(elapsed)
+        _account(call)
+
+
+def _admit(call: _Call) -> None:
+    if not call.state.ready:
+        raise RequestError("not_ready", "the server is starting or shutting down")
+    call.deadline = _deadline(call.request, call.started, call.state.settings.request_timeout_s)
+
+
+async def _read(call: _Call) -> bytes:
+    settings: Settings = call.state.settings
+    return await _read_body(
+        call.request, settings.max_request_bytes, settings.body_timeout_s, call.held
+    )
+
+
+@dataclass
+class _Parsed:
+    """A body read: the model it names, and its sequences still to check against the model
+    (``decoded``: the fast path's; else ``lists``, the precise parser's)."""
+
+    model: str | None
+    decoded: bodies.Decoded | None
+    lists: Any = None
+
+
+def _limits(settings: Settings) -> Limits:
+    return Limits(
+        settings.max_sequences_per_request,
+        settings.max_sequence_length,
+        settings.max_request_timesteps,
+    )
+
+
+async def _decode(call: _Call, body: bytes) -> _Parsed:
+    codec: CodecPool = call.state.codec  # create_app's, closed by its lifespan
+    ctype = call.request.headers.get("content-type")
+    field = call.endpoint.input_field
+    # safetensors bodies are read in place, in far less than a hand-off to a thread costs
+    json_bytes = 0 if bodies.is_safetensors(ctype) else len(body)
+    limits = _limits(call.state.settings)
+    decoded = await codec.run(json_bytes, bodies.decode, body, ctype, field, limits)
+    if decoded is not None:
+        return _Parsed(decoded.model, decoded)
+    # off the JSON fast path: the precise parser says what is wrong
+    schema = _SCHEMAS[call.endpoint][0]
+    name, lists = await codec.run(len(body), parse_body, body, schema, field)
+    return _Parsed(name, None, lists)
+
+
+def _choose_model(call: _Call, name: str | None) -> tuple[str, ServedInfo]:
+    """The model named in the path or the body, else the endpoint's default; of the right
+    kind for the endpoint."""
+    if call.path_model is not None:
+        if name is not None and name != call.path_model:
+            raise RequestError(
+                "invalid_request",
+                f"the body names model '{name[:64]}' but the path names "
+                f"'{call.path_model[:64]}'; leave 'model' out of the body",
+                ("model",),
+            )
+        name, call.where = call.path_model, ("path", "name")
+    kind = call.endpoint.kind
+    if not name and kind is not None:  # the only one of its kind, or the configured one
+        name = _default_model(call.state, kind)
+    name = name or ""
+    runtime: Runtime = call.state.runtime
+    served = runtime.get(name)
+    call.model_label = name
+    if kind is not None and served.kind != kind:
+        native = endpoints.native(served.kind)
+        other = native.path if native is not None else INFER.path.replace("{name}", name)
+        raise RequestError(
+            "wrong_model_kind",
+            f"model '{name}' is a {served.kind} model; send it to POST {other}",
+            ("model",),
+        )
+    return name, served
+
+
+async def _arrays(call: _Call, body: bytes, parsed: _Parsed, name: str, served: ServedInfo) -> Any:
+    """The sequences, checked against the limits and the model's width."""
+    if parsed.decoded is not None:
+        # a model that checks its inputs as it runs spares the body a second pass
+        return parsed.decoded.sequences(served.input_dim, name, not served.checks_finite)
+    codec: CodecPool = call.state.codec
+    limits = _limits(call.state.settings)
+    field = call.endpoint.input_field
+    return await codec.run(
+        len(body), to_arrays, parsed.lists, field, served.input_dim, limits, name
+    )
+
+
+async def _run(call: _Call, name: str) -> Response:
+    if time.perf_counter() >= call.deadline:  # reading and parsing took it all: never queued
+        raise DeadlineExceeded
+    runtime: Runtime = call.state.runtime
+    call.running = True
+    if call.endpoint is ROLLOUT and NDJSON in call.request.headers.get("accept", ""):
+        return await _stream(call, name)
+    work = runtime.infer(name, call.sequences)
+    outputs = await _unless_disconnected(call.request, work, call.deadline)
+    call.code = 200
+    return await _respond(call, name, outputs)
+
+
+async def _stream(call: _Call, name: str) -> Response:
+    runtime: Runtime = call.state.runtime
+    pieces = await runtime.open_stream(name, call.sequences)
+    call.code = 200
+    call.streamed = True  # the stream's own finally accounts for it
+    stream = _ndjson(
+        call.request, name, pieces, call.gauge, call.metrics, call.endpoint.label,
+        call.model_label, call.started, call.deadline,
+    )  # fmt: skip
+    return StreamingResponse(stream, media_type=NDJSON, headers=call.headers)
+
+
+async def _respond(call: _Call, name: str, outputs: Any) -> Response:
+    out_field = call.endpoint.output_field
+    if bodies.wants_safetensors(call.request.headers.get("accept")):
+        parts = bodies.encode_parts(name, out_field, outputs)
+        response: Response = BuffersResponse(parts, media_type=bodies.SAFETENSORS)
+        response.headers.update(call.headers)
+        return response
+    codec: CodecPool = call.state.codec
+    answer = await codec.run(
+        _json_bytes(outputs), functools.partial(bodies.encode, view=True),
+        name, out_field, outputs, False,
+    )  # fmt: skip
+    return Response(answer, media_type=bodies.JSON, headers=call.headers)
+
+
+# what the runtime raises, as the client's error type; True: located where the model was named
+_RUNTIME_ERRORS: dict[type[Exception], tuple[str, bool]] = {
+    UnknownModel: ("unknown_model", True),
+    StreamingUnavailable: ("cannot_stream", True),
+    QueueFull: ("queue_full", False),
+    BatcherClosed: ("shutting_down", False),
+    EngineUnavailable: ("engine_unavailable", False),  # several workers: the engine has gone
+}
+
+
+def _as_request_error(exc: Exception, call: _Call) -> RequestError | None:
+    """The client's error for what the runtime or the model raised; ``None``: a failure."""
+    for cls, (kind, located) in _RUNTIME_ERRORS.items():
+        if isinstance(exc, cls):
+            if kind == "unknown_model":
+                call.model_label = "unknown"  # not the client's text: labels stay few
+            return RequestError(kind, str(exc), call.where if located else ())
+    if isinstance(exc, NonFiniteInput):  # found by the model in its own pass; say where
+        return bodies.non_finite_error(call.sequences, call.endpoint.input_field)
+    if call.running and is_out_of_memory(exc):
+        # it failed alone (the batch was split down to it): the device is too full now
+        return RequestError(
+            "out_of_memory", f"the model ran out of memory on this request ({call.rid})"
+        )
+    return None
+
+
+def _refuse(call: _Call, exc: ClientGone | DeadlineExceeded | RequestError) -> Response:
+    label = call.endpoint.label
+    if isinstance(exc, ClientGone):
+        call.code = 499  # nginx's "client closed request": nobody reads this answer
+        call.metrics.cancelled.labels(label).inc()
+        return Response(status_code=call.code, headers=call.headers)
+    if isinstance(exc, DeadlineExceeded):
+        call.metrics.expired.labels(label).inc()
+        waited = time.perf_counter() - call.started
+        exc = RequestError(
+            "deadline_exceeded",
+            f"the request's deadline passed after {waited:.3f} s; it was dropped",
+        )
+    else:
+        call.metrics.rejected.labels(label, errors.public_type(exc.type)).inc()
+    call.code = errors.status(exc.type)
+    return error_response(exc, call.headers)
+
+
+def _internal(call: _Call, exc: Exception) -> Response:
+    if not was_logged(exc):  # the batcher logs a model's failure once, with the ids
+        log.exception("%s failed (request %s)", call.endpoint.label, call.rid)
+    call.code = 500
+    failure = RequestError(
+        "internal", f"internal server error; see the server log (request {call.rid})"
+    )
+    return error_response(failure, call.headers)
+
+
+def _account(call: _Call) -> None:
+    # a streamed rollout's bytes are given back once it is queued (its copy is the scheduler's)
+    _budget(call.request).give(call.held.n)
+    if not call.streamed:
+        call.gauge.dec()
+        metrics = call.metrics
+        labels = (call.endpoint.label, call.model_label, str(call.code))
+        metrics.child(metrics.request_duration, *labels).observe(time.perf_counter() - call.started)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[A], deadline: float) -> A:

@@ -1,6 +1,6 @@
 """Request parsing and input checks for the HTTP layer.
 
-Every problem becomes a :class:`RequestError` with a status code and a message that says what is
+Every problem becomes a :class:`RequestError` with a type and a message that says what is
 wrong and where (sequence, step, feature), never echoing the input back.
 """
 
@@ -12,6 +12,7 @@ import numpy as np
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from rnnserve.service.codec import bodies
 from rnnserve.service.interface import Limits, RequestError
 
 # Strict: no strings or booleans posing as numbers; NaN and Infinity literals are refused.
@@ -74,7 +75,7 @@ def _from_pydantic(exc: pydantic.ValidationError, field: str) -> RequestError:
     kind = err["type"]
     if kind == "json_invalid":
         msg = str(err["msg"])
-        return RequestError(400, "invalid_json", f"body is not valid JSON: {msg}")
+        return RequestError("invalid_json", f"body is not valid JSON: {msg}")
     where = _where(loc) if loc[:1] == (field,) else ""
     path = (
         "".join(
@@ -84,48 +85,40 @@ def _from_pydantic(exc: pydantic.ValidationError, field: str) -> RequestError:
     )
     if kind == "too_short" and loc[:1] == (field,):
         what = f"'{field}'" if len(loc) == 1 else where
-        return RequestError(422, "empty", f"{what} {_EMPTY[len(loc)]}", loc)
+        return RequestError("empty", f"{what} {_EMPTY[len(loc)]}", loc)
     if kind == "finite_number":
-        return RequestError(422, "non_finite", f"{where}: value is not a finite number", loc)
+        return RequestError("non_finite", f"{where}: value is not a finite number", loc)
     if kind in ("float_type", "float_parsing") and where:
-        return RequestError(422, "not_a_number", f"{where}: value is not a number", loc)
+        return RequestError("not_a_number", f"{where}: value is not a number", loc)
     if kind == "list_type" and where:
         shape = ["a list of sequences", "a list of steps", "a list of features"][len(loc) - 1]
-        return RequestError(422, "wrong_shape", f"{where or field}: expected {shape}", loc)
+        return RequestError("wrong_shape", f"{where or field}: expected {shape}", loc)
     if kind == "list_type":
-        return RequestError(422, "wrong_shape", f"'{field}' must be a list of sequences", loc)
+        return RequestError("wrong_shape", f"'{field}' must be a list of sequences", loc)
+    if kind == "model_type" and not loc:
+        return RequestError(
+            "invalid_body",
+            f'the body must be a JSON object such as {{"{field}": [...]}}, not a list or a '
+            "single value",
+            loc,
+        )
     if kind == "missing":
-        return RequestError(422, "missing", f"'{path}' is required", loc)
+        return RequestError("missing", f"'{path}' is required", loc)
     if kind == "extra_forbidden":
-        return RequestError(422, "unknown_field", f"unknown field '{path}'", loc)
-    return RequestError(422, kind, f"{path}: {err['msg']}", loc)
+        return RequestError("unknown_field", f"unknown field '{path}'", loc)
+    return RequestError(kind, f"{path}: {err['msg']}", loc)
 
 
 def to_arrays(
     sequences: list[list[list[float]]], field: str, feat_dim: int, limits: Limits, model: str
 ) -> list[np.ndarray]:
     """Check counts and shapes and return one float32 ``[T_i, feat_dim]`` array per sequence."""
-    if len(sequences) > limits.max_sequences:
-        raise RequestError(
-            413, "too_many_sequences",
-            f"request has {len(sequences)} sequences; the limit is {limits.max_sequences}",
-            (field,),
-        )  # fmt: skip
-    total = 0
-    for i, seq in enumerate(sequences):
-        if len(seq) > limits.max_sequence_length:
-            raise RequestError(
-                413, "sequence_too_long",
-                f"sequence {i} has {len(seq)} steps; the limit is {limits.max_sequence_length}",
-                (field, i),
-            )  # fmt: skip
-        total += len(seq)
-    if total > limits.max_timesteps:
-        raise RequestError(
-            413, "too_many_timesteps",
-            f"request has {total} timesteps in all; the limit is {limits.max_timesteps}",
-            (field,),
-        )  # fmt: skip
+    too_long = next(
+        ((i, len(seq)) for i, seq in enumerate(sequences) if len(seq) > limits.max_sequence_length),
+        (-1, 0),
+    )
+    total = sum(len(seq) for seq in sequences)
+    bodies.check_limits(len(sequences), too_long, total, field, limits)
     arrays = []
     for i, seq in enumerate(sequences):
         try:
@@ -139,7 +132,7 @@ def to_arrays(
         if bad.size:  # finite in JSON (float64) but out of float32's range
             t, f = (int(v) for v in bad[0])
             raise RequestError(
-                422, "non_finite",
+                "non_finite",
                 f"sequence {i}, step {t}, feature {f}: value is outside float32's range",
                 (field, i, t, f),
             )  # fmt: skip
@@ -152,7 +145,7 @@ def _feature_count_error(
 ) -> RequestError:
     t = next(t for t, step in enumerate(seq) if len(step) != feat_dim)
     return RequestError(
-        422, "wrong_feature_count",
+        "wrong_feature_count",
         f"sequence {i}, step {t}: has {len(seq[t])} features; model '{model}' takes {feat_dim}",
         (field, i, t),
     )  # fmt: skip

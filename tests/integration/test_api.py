@@ -188,7 +188,7 @@ BAD_SMOOTH: list[tuple[str, Any, int, str, str]] = [
     ("missing", {}, 422, "missing", "'sequences' is required"),
     ("extra field", {"sequences": [[ROW16]], "sequence": 1}, 422, "unknown_field", "'sequence'"),
     ("model not str", {"sequences": [[ROW16]], "model": 3}, 422, "string_type", "model"),
-    ("array body", [1, 2], 422, "model_type", "body"),
+    ("array body", [1, 2], 422, "invalid_body", "must be a JSON object"),
     (
         "unknown model",
         {"sequences": [[ROW16]], "model": "gru"},
@@ -216,6 +216,15 @@ async def test_bad_smooth_input(
     err = r.json()
     assert err["type"] == kind
     assert message in err["detail"]
+
+
+async def test_the_root_points_to_the_docs_and_the_models(client: httpx.AsyncClient) -> None:
+    r = await client.get("/")
+    assert r.status_code == 200
+    links = r.json()
+    assert (links["docs"], links["models"]) == ("/docs", "/models")
+    assert (await client.get(links["models"])).status_code == 200
+    assert (await client.get(links["docs"])).status_code == 200
 
 
 RAW_BAD: list[tuple[str, bytes, int, str, str]] = [

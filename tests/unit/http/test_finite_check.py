@@ -7,6 +7,7 @@ import pytest
 from safetensors.numpy import save
 
 from rnnserve.service.codec import bodies
+from rnnserve.service.http.errors import status as status_of
 from rnnserve.service.interface import FlatSequences, Limits, RequestError
 
 LIMITS = Limits(256, 100_000, 1_000_000)
@@ -50,7 +51,7 @@ def test_non_finite_error_names_the_first_bad_value(where: tuple[int, int], loc:
     data[where] = np.nan
     data[8, 0] = -np.inf if where != (8, 1) else 1.0  # a later one does not matter
     err = bodies.non_finite_error(FlatSequences(data, np.array([2, 6, 1])), "s")
-    assert (err.status, err.type, err.loc) == (422, "non_finite", loc)
+    assert (status_of(err.type), err.type, err.loc) == (422, "non_finite", loc)
     assert err.message == f"sequence {loc[1]}, step {loc[2]}, feature {loc[3]}: " + (
         "value is not a finite number"
     )
@@ -58,4 +59,4 @@ def test_non_finite_error_names_the_first_bad_value(where: tuple[int, int], loc:
 
 def test_non_finite_error_without_a_bad_value_still_refuses_the_request() -> None:
     err = bodies.non_finite_error(FlatSequences(np.ones((3, 2), np.float32), np.array([3])), "s")
-    assert (err.status, err.type, err.loc) == (422, "non_finite", ("s",))
+    assert (status_of(err.type), err.type, err.loc) == (422, "non_finite", ("s",))

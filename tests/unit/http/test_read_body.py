@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from starlette.requests import Request
 
 from rnnserve.service.http import routes
+from rnnserve.service.http.errors import status as status_of
 from rnnserve.service.interface import RequestError
 
 
@@ -66,7 +67,7 @@ def test_a_body_over_the_limit_is_refused_as_it_arrives() -> None:
     pieces = [BODY[:3000], BODY[3000:7000], BODY[7000:]]
     with pytest.raises(RequestError) as err:
         _read(pieces, None, limit=5000)
-    assert (err.value.status, err.value.type) == (413, "body_too_large")
+    assert (status_of(err.value.type), err.value.type) == (413, "body_too_large")
 
 
 # --- the limits, the budget and the timeout, at their edges (mutation survivors of routes.py) ---
@@ -92,7 +93,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_a_byte_is_read() -> 
     request, budget, calls = _budgeted([b"x" * 10], declared=6000, budget=1 << 20)
     with pytest.raises(RequestError) as err:
         asyncio.run(routes._read_body(request, 5000, 5.0, routes._Held()))
-    assert (err.value.status, err.value.type) == (413, "body_too_large")
+    assert (status_of(err.value.type), err.value.type) == (413, "body_too_large")
     assert "over 5000 bytes" in err.value.message
     assert calls == [0]  # the client was refused before it sent its body
     assert budget.used == 0
@@ -122,7 +123,7 @@ def test_a_body_past_the_budget_as_it_arrives_is_refused_as_overloaded() -> None
     held = routes._Held()
     with pytest.raises(RequestError) as err:
         asyncio.run(routes._read_body(request, 1 << 20, 5.0, held))
-    assert (err.value.status, err.value.type) == (503, "overloaded")
+    assert (status_of(err.value.type), err.value.type) == (503, "overloaded")
     assert err.value.message == (
         "the server holds 1000 bytes of requests (its budget is 2500); try again later"
     )
@@ -143,7 +144,7 @@ def test_a_body_that_stops_arriving_times_out_with_408() -> None:
     request._receive = stalls
     with pytest.raises(RequestError) as err:
         asyncio.run(asyncio.wait_for(routes._read_body(request, 1 << 20, 0.05, routes._Held()), 5))
-    assert (err.value.status, err.value.type) == (408, "body_timeout")
+    assert (status_of(err.value.type), err.value.type) == (408, "body_timeout")
     assert err.value.message == "the request body did not arrive within 0.05 s (700 bytes came)"
 
 
@@ -237,7 +238,7 @@ def test_a_timeout_header_that_is_not_a_positive_number_is_refused(given: str, s
     request = _headers_request({routes.TIMEOUT_HEADER: given})
     with pytest.raises(RequestError) as err:
         routes._deadline(request, 100.0, 5.0)
-    assert (err.value.status, err.value.type) == (400, "invalid_header")
+    assert (status_of(err.value.type), err.value.type) == (400, "invalid_header")
     assert err.value.message == (
         f"{routes.TIMEOUT_HEADER} must be a positive number of seconds, not {shown}"
     )

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
+from rnnserve.service.http.errors import status as status_of
 from rnnserve.service.http.validation import RolloutRequest, SmoothRequest, parse_body, to_arrays
 from rnnserve.service.interface import Limits, RequestError
 
@@ -36,7 +37,7 @@ def test_parse_body_returns_the_model_and_the_numbers() -> None:
 def test_non_finite_numbers_are_refused_while_parsing(literal: str, loc: tuple[object]) -> None:
     # parse_body itself refuses them: the float32 range check later is a second line, not the first
     err = refused(b'{"inputs": [[[1], [%s]]]}' % literal.encode())
-    assert (err.status, err.type, err.loc) == (422, "non_finite", loc)
+    assert (status_of(err.type), err.type, err.loc) == (422, "non_finite", loc)
     assert err.message == "sequence 0, step 1, feature 0: value is not a finite number"
 
 
@@ -61,14 +62,15 @@ def test_non_finite_numbers_are_refused_while_parsing(literal: str, loc: tuple[o
         (b'{"inputs": [[[1]]], "x": {}}', 422, "unknown_field", ("x",), "unknown field 'x'"),
         (b'{"inputs": [[[1]]], "model": 1}', 422, "string_type", ("model",),
          "model: Input should be a valid string"),
-        (b"[]", 422, "model_type", (), "body: Input should be an object"),
+        (b"[]", 422, "invalid_body", (),
+         'the body must be a JSON object such as {"inputs": [...]}, not a list or a single value'),
     ],
 )  # fmt: skip
 def test_each_refusal_says_what_and_where(
     body: bytes, status: int, kind: str, loc: tuple[object, ...], message: str
 ) -> None:
     err = refused(body)
-    assert (err.status, err.type, err.loc) == (status, kind, loc)
+    assert (status_of(err.type), err.type, err.loc) == (status, kind, loc)
     assert err.message.startswith(message), err.message
     assert err.body() == {"detail": err.message, "type": kind, "loc": list(loc)}
     assert str(err) == err.message
@@ -116,7 +118,7 @@ def test_one_over_a_limit_is_a_413(
     with pytest.raises(RequestError) as info:
         to_arrays(seqs, "inputs", 1, LIMITS, "m")
     err = info.value
-    assert (err.status, err.type, err.loc, err.message) == (413, kind, loc, message)
+    assert (status_of(err.type), err.type, err.loc, err.message) == (413, kind, loc, message)
 
 
 @pytest.mark.parametrize(
@@ -136,7 +138,7 @@ def test_wrong_feature_counts_name_the_step(
     with pytest.raises(RequestError) as info:
         to_arrays(seqs, "inputs", 2, LIMITS, "m")
     err = info.value
-    assert (err.status, err.type) == (422, "wrong_feature_count")
+    assert (status_of(err.type), err.type) == (422, "wrong_feature_count")
     assert (err.loc, err.message) == (loc, message)
 
 
@@ -146,7 +148,7 @@ def test_values_outside_float32_are_refused(bad: float) -> None:
     with pytest.raises(RequestError) as info:
         to_arrays(seqs, "inputs", 2, LIMITS, "m")
     err = info.value
-    assert (err.status, err.type, err.loc) == (422, "non_finite", ("inputs", 1, 1, 1))
+    assert (status_of(err.type), err.type, err.loc) == (422, "non_finite", ("inputs", 1, 1, 1))
     assert err.message == "sequence 1, step 1, feature 1: value is outside float32's range"
 
 
