@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import logging
 import math
 import os
@@ -14,12 +13,11 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
 import orjson
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.types import DecoratedCallable
 from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +29,7 @@ from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings
 from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, Endpoint
 from rnnserve.service.http import defaults, errors
+from rnnserve.service.http.auth import AUTH, Held, bearer, budget_of, check_token, read_body
 from rnnserve.service.http.validation import (
     RolloutRequest,
     RolloutResponse,
@@ -134,50 +133,7 @@ _INFER_ERRORS = errors.openapi_responses(errors.INFERENCE_STATUSES, ErrorBody)
 _TOKEN_ERRORS = errors.openapi_responses((401,), ErrorBody)
 
 
-# -- authentication ------------------------------------------------------------------------------
-
-_bearer = HTTPBearer(
-    auto_error=False,
-    description="Needed when the server has a token (RNNSERVE_API_TOKEN or api_token_file).",
-)
-
-
-def _server_token(request: Request) -> bytes | None:
-    state = request.app.state
-    try:
-        token: bytes | None = state.api_token
-    except AttributeError:  # read once per app
-        text = state.settings.bearer_token()
-        token = state.api_token = text.encode() if text is not None else None
-    return token
-
-
-async def authorize(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    """Require ``Authorization: Bearer <token>`` when the server has a token."""
-    route = request.scope.get("route")
-    check_token(request, credentials, endpoints.label(getattr(route, "path", "")))
-
-
-def check_token(
-    request: Request, credentials: HTTPAuthorizationCredentials | None, endpoint: str
-) -> None:
-    """Raise 401 ``unauthorized`` unless the server has no token or ``credentials`` hold it."""
-    token = _server_token(request)
-    if token is None:
-        return
-    given = credentials.credentials.encode() if credentials is not None else b""
-    if hmac.compare_digest(given, token):  # constant time: no timing oracle on the token
-        return
-    metrics: Metrics = request.app.state.metrics
-    metrics.rejected.labels(endpoint, "unauthorized").inc()
-    why = "a wrong bearer token" if credentials is not None else "no bearer token"
-    raise RequestError("unauthorized", f"this endpoint needs a bearer token; got {why}")
-
-
-_AUTH = [Depends(authorize)]
+# -- answers -------------------------------------------------------------------------------------
 
 
 def error_response(exc: RequestError, headers: dict[str, str] | None = None) -> Response:
@@ -192,41 +148,6 @@ def error_response(exc: RequestError, headers: dict[str, str] | None = None) -> 
     return json_response(errors.body(exc), code, headers or None)
 
 
-# -- memory budget -------------------------------------------------------------------------------
-
-
-class ByteBudget:
-    """Request bytes being read, parsed, queued and run at once (one event loop: no lock)."""
-
-    def __init__(self, limit: int, gauge: Gauge) -> None:
-        self.limit = limit
-        self.used = 0
-        self._gauge = gauge
-
-    def take(self, n: int) -> bool:
-        if self.used + n > self.limit:
-            return False
-        self.used += n
-        self._gauge.set(self.used)
-        return True
-
-    def give(self, n: int) -> None:
-        self.used -= n
-        self._gauge.set(self.used)
-
-
-def _budget(request: Request) -> ByteBudget:
-    state = request.app.state
-    try:
-        budget: ByteBudget = state.byte_budget
-    except AttributeError:  # one per app
-        metrics: Metrics = state.metrics
-        budget = state.byte_budget = ByteBudget(
-            state.settings.max_inflight_bytes, metrics.inflight_bytes
-        )
-    return budget
-
-
 # -- JSON off the event loop ---------------------------------------------------------------------
 
 
@@ -235,14 +156,6 @@ def _json_bytes(outputs: Any) -> int:
     data = getattr(outputs, "data", None)
     count = data.size if data is not None else sum(int(a.size) for a in outputs)
     return 12 * int(count)
-
-
-def _overloaded(budget: ByteBudget) -> RequestError:
-    return RequestError(
-        "overloaded",
-        f"the server holds {budget.used} bytes of requests (its budget is {budget.limit}); "
-        "try again later",
-    )  # fmt: skip
 
 
 @router.get("/", include_in_schema=False)
@@ -271,7 +184,7 @@ async def readyz(request: Request) -> Response:
 @router.get(
     "/models",
     summary="The served models: name, kind, shapes, parameters",
-    dependencies=_AUTH,
+    dependencies=AUTH,
     responses=_TOKEN_ERRORS,
 )
 async def list_models(request: Request) -> dict[str, Any]:
@@ -291,7 +204,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 @router.get(
     "/metrics",
     summary="Prometheus text exposition",
-    dependencies=_AUTH,
+    dependencies=AUTH,
     responses=_TOKEN_ERRORS,
 )
 async def metrics(request: Request) -> Response:
@@ -326,7 +239,7 @@ def _route(endpoint: Endpoint) -> Callable[[DecoratedCallable], DecoratedCallabl
         summary=endpoint.summary,
         openapi_extra=_body_spec(request_schema),
         responses={200: {"model": answer}, **_INFER_ERRORS},
-        dependencies=_AUTH,
+        dependencies=AUTH,
     )
 
 
@@ -362,54 +275,13 @@ async def serve_inference(scope: Scope, receive: Receive, send: Send) -> bool:
     endpoint, name = found
     request = Request(scope, receive)
     try:
-        check_token(request, await _bearer(request), endpoint.label)
+        check_token(request, await bearer(request), endpoint.label)
     except RequestError as exc:
         response = error_response(exc)
     else:
         response = await _infer(request, endpoint, path_model=name)
     await response(scope, receive, send)
     return True
-
-
-class _Held:
-    """The bytes one request holds of the budget."""
-
-    n = 0
-
-
-async def _read_body(request: Request, limit: int, timeout_s: float, held: _Held) -> bytes:
-    """The body, within ``limit`` bytes and ``timeout_s`` seconds, counted against the budget:
-    the declared length up front (so a client is refused before it sends), the rest as it
-    arrives."""
-    too_big = RequestError("body_too_large", f"request body is over {limit} bytes")
-    budget = _budget(request)
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit():
-        if int(declared) > limit:
-            raise too_big
-        if not budget.take(int(declared)):
-            raise _overloaded(budget)
-        held.n = int(declared)
-    chunks = []
-    size = 0
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise too_big
-                if size > held.n:
-                    if not budget.take(size - held.n):
-                        raise _overloaded(budget)
-                    held.n = size
-                if chunk:  # starlette ends with b"": a body in one piece is then not copied
-                    chunks.append(chunk)
-    except TimeoutError:
-        raise RequestError(
-            "body_timeout",
-            f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)",
-        ) from None  # fmt: skip
-    return b"".join(chunks)
 
 
 def _request_id(request: Request) -> str:
@@ -468,7 +340,7 @@ class _Call:
     started: float = field(default_factory=time.perf_counter)
     rid: str = ""
     headers: dict[str, str] = field(default_factory=dict)
-    held: _Held = field(default_factory=_Held)
+    held: Held = field(default_factory=Held)
     deadline: float = math.inf
     model_label: str = "unknown"  # the default model, until the body or path names one
     code: int = 500
@@ -530,7 +402,7 @@ def _admit(call: _Call) -> None:
 
 async def _read(call: _Call) -> bytes:
     settings: Settings = call.state.settings
-    return await _read_body(
+    return await read_body(
         call.request, settings.max_request_bytes, settings.body_timeout_s, call.held
     )
 
@@ -710,7 +582,7 @@ def _internal(call: _Call, exc: Exception) -> Response:
 
 def _account(call: _Call) -> None:
     # a streamed rollout's bytes are given back once it is queued (its copy is the scheduler's)
-    _budget(call.request).give(call.held.n)
+    budget_of(call.request).give(call.held.n)
     if not call.streamed:
         call.gauge.dec()
         metrics = call.metrics

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from safetensors.numpy import save
 
 from rnnserve.service.codec import bodies
-from rnnserve.service.http import errors, routes
+from rnnserve.service.http import auth, errors, routes
 from rnnserve.service.http.routes import BuffersResponse, InferRequest, json_response
 from rnnserve.service.interface import (
     BatcherClosed,
@@ -128,7 +128,7 @@ def test_the_default_model_is_resolved_once_per_app_with_its_settings(
 
 def test_the_byte_budget_takes_up_to_its_limit_exactly() -> None:
     gauge = Gauge("held_bytes", "test", registry=CollectorRegistry())
-    budget = routes.ByteBudget(10, gauge)
+    budget = auth.ByteBudget(10, gauge)
     assert budget.take(4)
     assert budget.take(6)  # exactly at the limit: still taken
     assert budget.used == 10

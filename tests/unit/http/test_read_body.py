@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from starlette.requests import Request
 
-from rnnserve.service.http import routes
+from rnnserve.service.http import auth, routes
 from rnnserve.service.http.errors import status as status_of
 from rnnserve.service.interface import RequestError
 
@@ -28,7 +28,7 @@ def _request(pieces: list[bytes], declared: int | None, limit: int = 1 << 30) ->
         return messages.pop(0)
 
     gauge = Gauge("inflight", "bytes", registry=CollectorRegistry())
-    app = SimpleNamespace(state=SimpleNamespace(byte_budget=routes.ByteBudget(limit, gauge)))
+    app = SimpleNamespace(state=SimpleNamespace(byte_budget=auth.ByteBudget(limit, gauge)))
     headers = [] if declared is None else [(b"content-length", str(declared).encode())]
     scope = {"type": "http", "method": "POST", "path": "/", "headers": headers, "app": app}
     return Request(scope, receive)
@@ -36,7 +36,7 @@ def _request(pieces: list[bytes], declared: int | None, limit: int = 1 << 30) ->
 
 def _read(pieces: list[bytes], declared: int | None, limit: int = 1 << 20) -> bytes:
     request = _request(pieces, declared)
-    return asyncio.run(routes._read_body(request, limit, 5.0, routes._Held()))
+    return asyncio.run(auth.read_body(request, limit, 5.0, auth.Held()))
 
 
 BODY = bytes(range(256)) * 40  # 10,240 bytes
@@ -70,12 +70,12 @@ def test_a_body_over_the_limit_is_refused_as_it_arrives() -> None:
     assert (status_of(err.value.type), err.value.type) == (413, "body_too_large")
 
 
-# --- the limits, the budget and the timeout, at their edges (mutation survivors of routes.py) ---
+# --- the limits, the budget and the timeout, at their edges (mutation survivors of auth.py and routes.py) ---
 
 
 def _budgeted(
     pieces: list[bytes], declared: int | None, budget: int
-) -> tuple[Request, routes.ByteBudget, list[int]]:
+) -> tuple[Request, auth.ByteBudget, list[int]]:
     """A request whose receive() counts its calls, and the byte budget it reads against."""
     request = _request(pieces, declared, limit=budget)
     calls = [0]
@@ -92,7 +92,7 @@ def _budgeted(
 def test_a_declared_length_over_the_limit_is_refused_before_a_byte_is_read() -> None:
     request, budget, calls = _budgeted([b"x" * 10], declared=6000, budget=1 << 20)
     with pytest.raises(RequestError) as err:
-        asyncio.run(routes._read_body(request, 5000, 5.0, routes._Held()))
+        asyncio.run(auth.read_body(request, 5000, 5.0, auth.Held()))
     assert (status_of(err.value.type), err.value.type) == (413, "body_too_large")
     assert "over 5000 bytes" in err.value.message
     assert calls == [0]  # the client was refused before it sent its body
@@ -103,8 +103,8 @@ def test_a_declared_length_over_the_limit_is_refused_before_a_byte_is_read() -> 
 def test_a_body_of_exactly_the_limit_is_read(declared: bool) -> None:
     pieces = [BODY[:4000], BODY[4000:5000]]
     request, budget, _ = _budgeted(pieces, 5000 if declared else None, budget=1 << 20)
-    held = routes._Held()
-    assert asyncio.run(routes._read_body(request, 5000, 5.0, held)) == BODY[:5000]
+    held = auth.Held()
+    assert asyncio.run(auth.read_body(request, 5000, 5.0, held)) == BODY[:5000]
     assert held.n == budget.used == 5000
 
 
@@ -112,17 +112,17 @@ def test_the_budget_holds_the_bytes_that_came_once_each() -> None:
     # no declared length: the budget grows by what each piece adds, not by the running total
     pieces = [BODY[:1000], BODY[1000:3000], BODY[3000:3500]]
     request, budget, _ = _budgeted(pieces, None, budget=3500)  # exactly enough
-    held = routes._Held()
-    assert asyncio.run(routes._read_body(request, 1 << 20, 5.0, held)) == BODY[:3500]
+    held = auth.Held()
+    assert asyncio.run(auth.read_body(request, 1 << 20, 5.0, held)) == BODY[:3500]
     assert held.n == budget.used == 3500
 
 
 def test_a_body_past_the_budget_as_it_arrives_is_refused_as_overloaded() -> None:
     pieces = [BODY[:1000], BODY[1000:3000], BODY[3000:3500]]
     request, budget, calls = _budgeted(pieces, None, budget=2500)
-    held = routes._Held()
+    held = auth.Held()
     with pytest.raises(RequestError) as err:
-        asyncio.run(routes._read_body(request, 1 << 20, 5.0, held))
+        asyncio.run(auth.read_body(request, 1 << 20, 5.0, held))
     assert (status_of(err.value.type), err.value.type) == (503, "overloaded")
     assert err.value.message == (
         "the server holds 1000 bytes of requests (its budget is 2500); try again later"
@@ -143,7 +143,7 @@ def test_a_body_that_stops_arriving_times_out_with_408() -> None:
 
     request._receive = stalls
     with pytest.raises(RequestError) as err:
-        asyncio.run(asyncio.wait_for(routes._read_body(request, 1 << 20, 0.05, routes._Held()), 5))
+        asyncio.run(asyncio.wait_for(auth.read_body(request, 1 << 20, 0.05, auth.Held()), 5))
     assert (status_of(err.value.type), err.value.type) == (408, "body_timeout")
     assert err.value.message == "the request body did not arrive within 0.05 s (700 bytes came)"
 

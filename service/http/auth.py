@@ -1,0 +1,144 @@
+"""Admission of a request: the bearer token, and the byte budget its body is read against."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import Gauge
+
+from rnnserve.service import endpoints
+from rnnserve.service.interface import RequestError
+from rnnserve.service.metrics import Metrics
+
+# -- authentication ------------------------------------------------------------------------------
+
+bearer = HTTPBearer(
+    auto_error=False,
+    description="Needed when the server has a token (RNNSERVE_API_TOKEN or api_token_file).",
+)
+
+
+def _server_token(request: Request) -> bytes | None:
+    state = request.app.state
+    try:
+        token: bytes | None = state.api_token
+    except AttributeError:  # read once per app
+        text = state.settings.bearer_token()
+        token = state.api_token = text.encode() if text is not None else None
+    return token
+
+
+async def authorize(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> None:
+    """Require ``Authorization: Bearer <token>`` when the server has a token."""
+    route = request.scope.get("route")
+    check_token(request, credentials, endpoints.label(getattr(route, "path", "")))
+
+
+def check_token(
+    request: Request, credentials: HTTPAuthorizationCredentials | None, endpoint: str
+) -> None:
+    """Raise 401 ``unauthorized`` unless the server has no token or ``credentials`` hold it."""
+    token = _server_token(request)
+    if token is None:
+        return
+    given = credentials.credentials.encode() if credentials is not None else b""
+    if hmac.compare_digest(given, token):  # constant time: no timing oracle on the token
+        return
+    metrics: Metrics = request.app.state.metrics
+    metrics.rejected.labels(endpoint, "unauthorized").inc()
+    why = "a wrong bearer token" if credentials is not None else "no bearer token"
+    raise RequestError("unauthorized", f"this endpoint needs a bearer token; got {why}")
+
+
+AUTH = [Depends(authorize)]
+
+
+# -- memory budget -------------------------------------------------------------------------------
+
+
+class ByteBudget:
+    """Request bytes being read, parsed, queued and run at once (one event loop: no lock)."""
+
+    def __init__(self, limit: int, gauge: Gauge) -> None:
+        self.limit = limit
+        self.used = 0
+        self._gauge = gauge
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        self._gauge.set(self.used)
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        self._gauge.set(self.used)
+
+
+def budget_of(request: Request) -> ByteBudget:
+    state = request.app.state
+    try:
+        budget: ByteBudget = state.byte_budget
+    except AttributeError:  # one per app
+        metrics: Metrics = state.metrics
+        budget = state.byte_budget = ByteBudget(
+            state.settings.max_inflight_bytes, metrics.inflight_bytes
+        )
+    return budget
+
+
+def _overloaded(budget: ByteBudget) -> RequestError:
+    return RequestError(
+        "overloaded",
+        f"the server holds {budget.used} bytes of requests (its budget is {budget.limit}); "
+        "try again later",
+    )  # fmt: skip
+
+
+class Held:
+    """The bytes one request holds of the budget."""
+
+    n = 0
+
+
+async def read_body(request: Request, limit: int, timeout_s: float, held: Held) -> bytes:
+    """The body, within ``limit`` bytes and ``timeout_s`` seconds, counted against the budget:
+    the declared length up front (so a client is refused before it sends), the rest as it
+    arrives."""
+    too_big = RequestError("body_too_large", f"request body is over {limit} bytes")
+    budget = budget_of(request)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit():
+        if int(declared) > limit:
+            raise too_big
+        if not budget.take(int(declared)):
+            raise _overloaded(budget)
+        held.n = int(declared)
+    chunks = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                if size > held.n:
+                    if not budget.take(size - held.n):
+                        raise _overloaded(budget)
+                    held.n = size
+                if chunk:  # starlette ends with b"": a body in one piece is then not copied
+                    chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(
+            "body_timeout",
+            f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)",
+        ) from None  # fmt: skip
+    return b"".join(chunks)
