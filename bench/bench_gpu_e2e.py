@@ -43,7 +43,7 @@ import numpy as np
 
 from bench.bench_http import CLIENTS
 from bench.bench_http import _load as load_clients
-from bench.bench_models import DEFAULT_OUT, cpu_model, write_section
+from bench.models_harness import DEFAULT_OUT, cpu_model, write_section
 from tests.metrics import value
 
 BEGIN = "<!-- bench_gpu_e2e:begin -->"

@@ -61,7 +61,6 @@ from typing import Any, Final, Literal
 
 import httpx
 
-from bench.bench_models import DEFAULT_OUT, cpu_model, write_section
 from bench.load import (
     WORKLOADS,
     Body,
@@ -75,6 +74,7 @@ from bench.load import (
     probe_binary,
     process_tree_cpu_seconds,
 )
+from bench.models_harness import DEFAULT_OUT, cpu_model, write_section
 from bench.naive_server import start_naive_server
 from rnnserve.service.config import Settings
 from tests.e2e.server import Server, start_server, stop

@@ -32,7 +32,7 @@ import aiohttp
 import httpx
 import orjson
 
-from bench.bench_models import DEFAULT_OUT, cpu_model, write_section
+from bench.models_harness import DEFAULT_OUT, cpu_model, write_section
 from tests.e2e.server import start_server, stop
 from tests.metrics import value
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from bench.bench_models import DEFAULT_OUT, cpu_model, random_sequences, spread_lengths
-from bench.bench_models import write_section as _write_section
+from bench.models_harness import DEFAULT_OUT, cpu_model, random_sequences, spread_lengths
+from bench.models_harness import write_section as _write_section
 from rnnserve import models
 from rnnserve.models.packing import pack
 from rnnserve.models.traveller import Traveller

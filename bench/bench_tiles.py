@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bench.bench_models import DEFAULT_OUT, half_spread_lengths, random_sequences, write_section
+from bench.models_harness import DEFAULT_OUT, half_spread_lengths, random_sequences, write_section
 from rnnserve.models.packing import pack
 from rnnserve.models.traveller import Traveller
 

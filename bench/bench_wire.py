@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 import torch
 
-from bench.bench_models import DEFAULT_OUT, cpu_model, write_section
+from bench.models_harness import DEFAULT_OUT, cpu_model, write_section
 from rnnserve import models
 from rnnserve.models.packing import pack_flat, plan, unpack_flat
 from rnnserve.models.smoothing import LinearRecursion

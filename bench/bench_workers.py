@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.bench_models import DEFAULT_OUT, cpu_model, write_section
 from bench.load import WORKLOADS, Workload, closed_loop, make_bodies
+from bench.models_harness import DEFAULT_OUT, cpu_model, write_section
 from rnnserve.service.codec import bodies
 from rnnserve.service.config import Settings
 from rnnserve.service.engine.runtime import ModelRuntime
