@@ -86,8 +86,8 @@ CATALOGUE: dict[str, ErrorKind] = {
 
 ERROR_TYPES: frozenset[str] = frozenset(CATALOGUE)
 
-# which statuses an inference endpoint can answer, and the few the other routes can
-INFERENCE_STATUSES = (400, 401, 404, 408, 413, 422, 500, 503, 504)
+# an inference endpoint can answer every status of the catalogue
+INFERENCE_STATUSES: tuple[int, ...] = tuple(sorted({kind.status for kind in CATALOGUE.values()}))
 
 
 def status(error_type: str) -> int:
