@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY="$ROOT/.venv/bin/python"
 JOBS="${MUTATION_JOBS:-1}"
+[ -x "$ROOT/.venv/bin/mutmut" ] || {
+  echo "mutmut is not installed: .venv/bin/python -m pip install 'mutmut==3.8.*'" >&2; exit 1; }
 # With autogroup scheduling (Linux's default for desktop and many server kernels), `nice` only
 # ranks processes within their session: a niced job still takes its session's fair share, half
 # of a 2-core machine beside one other session. So mutmut runs in a session of its own (setsid)
