@@ -157,6 +157,12 @@ class Settings(BaseSettings):
         description="Smallest JSON body (or answer) read or written on a codec thread; smaller "
         "ones stay on the event loop, where handing them to a thread costs more than it saves.",
     )
+    json_reader: Literal["fast", "precise"] = Field(
+        "fast",
+        description="How JSON bodies are read: 'fast', the compiled reader, which hands anything "
+        "unusual to the precise one; 'precise', pydantic's parser for every body (slower; the "
+        "same answers and errors).",
+    )
     api_token: SecretStr | None = Field(
         None,
         description="Bearer token required by /smooth, /rollout, /models and /metrics; "

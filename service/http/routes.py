@@ -431,8 +431,12 @@ async def _decode(call: _Call, body: bytes) -> _Parsed:
     field = call.endpoint.input_field
     # safetensors bodies are read in place, in far less than a hand-off to a thread costs
     json_bytes = 0 if bodies.is_safetensors(ctype) else len(body)
-    limits = _limits(call.state.settings)
-    decoded = await codec.run(json_bytes, bodies.decode, body, ctype, field, limits)
+    settings: Settings = call.state.settings
+    limits = _limits(settings)
+    if json_bytes and settings.json_reader == "precise":
+        decoded = None
+    else:
+        decoded = await codec.run(json_bytes, bodies.decode, body, ctype, field, limits)
     if decoded is not None:
         return _Parsed(decoded.model, decoded)
     # off the JSON fast path: the precise parser says what is wrong
