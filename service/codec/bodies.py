@@ -969,9 +969,7 @@ def _decode_safetensors(body: bytes, field: str, limits: Limits) -> Decoded:
         raise RequestError("empty", f"'{field}' holds no sequences", (field,))
     if (lengths < 0).any():
         i = int(np.argmax(lengths < 0))
-        raise RequestError(
-            "wrong_lengths", f"sequence {i} has a negative length", ("lengths", i)
-        )
+        raise RequestError("wrong_lengths", f"sequence {i} has a negative length", ("lengths", i))
     if (lengths == 0).any():
         i = int(np.argmax(lengths == 0))
         raise RequestError("empty", f"sequence {i} has no steps", (field, i))

@@ -58,7 +58,11 @@ def folder(tmp_path: Path, kind: str) -> Path:
 CASES = [
     ("missing", lambda d: ["--model-dir", str(d / "nope")], ["nope", "no such directory"]),
     ("empty", lambda d: ["--model-dir", str(folder(d, "empty"))], ["holds no", "nothing to serve"]),
-    ("pickle", lambda d: ["--model-dir", str(folder(d, "pickle"))], ["mine.pt", "refused", "rnnserve export", "move the file out"]),
+    (
+        "pickle",
+        lambda d: ["--model-dir", str(folder(d, "pickle"))],
+        ["mine.pt", "refused", "rnnserve export", "move the file out"],
+    ),
     (
         "random bytes",
         lambda d: ["--model-dir", str(folder(d, "random-bytes"))],

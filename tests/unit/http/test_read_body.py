@@ -70,7 +70,7 @@ def test_a_body_over_the_limit_is_refused_as_it_arrives() -> None:
     assert (status_of(err.value.type), err.value.type) == (413, "body_too_large")
 
 
-# --- the limits, the budget and the timeout, at their edges (mutation survivors of auth.py and routes.py) ---
+# -- the limits, the budget and the timeout, at their edges --
 
 
 def _budgeted(
