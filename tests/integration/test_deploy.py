@@ -819,6 +819,7 @@ def installed(dockerfile: list[Instruction], tmp_path_factory: pytest.TempPathFa
     return Installed(wheel, site, outside, env)
 
 
+@pytest.mark.slow  # builds and installs a wheel; starts its own processes
 def test_wheel_carries_the_weights_and_the_console_script(installed: Installed) -> None:
     with zipfile.ZipFile(installed.wheel) as whl:
         names = set(whl.namelist())
@@ -855,6 +856,7 @@ def run_installed(installed: Installed, *cmd: str) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.slow  # builds and installs a wheel; starts its own processes
 def test_installed_copy_loads_its_bundled_models(installed: Installed) -> None:
     script = (
         "import json\n"
@@ -873,6 +875,7 @@ def test_installed_copy_loads_its_bundled_models(installed: Installed) -> None:
     assert report["loaded"] == {"smoother": "smoother", "traveller": "traveller"}
 
 
+@pytest.mark.slow  # builds and installs a wheel; starts its own processes
 def test_installed_copy_runs_the_images_warmup(installed: Installed) -> None:
     """The image's build-time RUN: load and warm every bundled model (compiles the kernels)."""
     proc = run_installed(installed, sys.executable, str(ROOT / "deploy" / "docker" / "warmup.py"))
@@ -880,6 +883,7 @@ def test_installed_copy_runs_the_images_warmup(installed: Installed) -> None:
     assert "warmed smoother, traveller" in proc.stdout
 
 
+@pytest.mark.slow  # builds and installs a wheel; starts its own processes
 def test_installed_copy_runs_the_cli_and_serves(installed: Installed) -> None:
     proc = run_installed(installed, sys.executable, "-m", "rnnserve.service", "--help")
     assert proc.returncode == 0, proc.stderr
