@@ -250,7 +250,8 @@ def _double(x: int) -> int:
 
 
 def test_jit_options_and_its_fallback_without_a_cache_location() -> None:
-    # _jit runs at import, before a mutant is chosen: called here so that its own code is judged
+    # _jit runs while the module is imported, where no other test reaches it: called here so
+    # that its options and its fallback are checked
     options = {"nogil": True, "boundscheck": False, "error_model": "numpy", "nopython": True}
     cached = bodies._jit(_double, error_model="numpy")
     assert cached.targetoptions == options
