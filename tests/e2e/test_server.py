@@ -164,7 +164,8 @@ def test_sigterm_finishes_accepted_requests(tmp_path: Path) -> None:
 
     responses = asyncio.run(scenario())
     assert [r.status_code for r in responses] == [200] * 12
-    first = responses[0].json()["positions"]
-    assert all(r.json()["positions"] == first for r in responses)
+    first = np.asarray(responses[0].json()["positions"])
+    for r in responses:  # the same input, batched with different company: float32 rounding
+        np.testing.assert_allclose(np.asarray(r.json()["positions"]), first, atol=1e-6, rtol=0)
     assert srv.proc.wait(timeout=30) in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in srv.log.read_text()

@@ -149,7 +149,11 @@ async def test_requests_from_both_workers_share_a_batch(server: Server) -> None:
         u = {"inputs": [[[0.1] * 6] * 2000]}
         ra, rb = await asyncio.gather(a.post("/rollout", json=u), b.post("/rollout", json=u))
         assert {ra.status_code, rb.status_code} == {200}
-        assert ra.json() == rb.json()
+        # equal to float32 rounding: one request may run some chunks alone (the kernel's
+        # one-row loop) where the other ran them batched (BLAS's GEMM)
+        np.testing.assert_allclose(
+            np.asarray(ra.json()["positions"]), np.asarray(rb.json()["positions"]), atol=1e-6
+        )
         assert shared_chunks(metrics(server.url)) - shared_chunks(before) >= 10
 
 
@@ -225,8 +229,9 @@ def test_sigterm_finishes_every_accepted_request(tmp_path: Path) -> None:
     responses = asyncio.run(scenario())
     assert [r.status_code for r in responses] == [200] * 12
     assert len({r.headers[HEADER] for r in responses}) == 2
-    first = responses[0].json()["positions"]
-    assert all(r.json()["positions"] == first for r in responses)
+    first = np.asarray(responses[0].json()["positions"])
+    for r in responses:  # the same input, batched with different company: float32 rounding
+        np.testing.assert_allclose(np.asarray(r.json()["positions"]), first, atol=1e-6, rtol=0)
     assert srv.proc.wait(timeout=60) == 0
     log = srv.log.read_text()
     assert log.count("Application shutdown complete") == 2, log
