@@ -9,8 +9,8 @@ real steps), warmed up, then timed in round-robin rounds (so slow drift of a sha
 machine hits all of them alike); each is reported as the median time per call with the min-max
 spread, in µs per time step, and as a ratio against a floor measured in the same rounds:
 
-- smoother: on the CPU one ``torch.tanh`` pass over the same packed data (the floor, per
-  MEASURED.md); on CUDA a device-to-device copy of the same bytes;
+- smoother: on the CPU one ``torch.tanh`` pass over the same packed data (the floor: every
+  output needs one tanh); on CUDA a device-to-device copy of the same bytes;
 - Traveller: PyTorch's teacher-forced ``nn.LSTM`` (oneDNN on the CPU, cuDNN on CUDA) + output
   layer over the same padded batch, in one call (the bound: it skips the feedback, so it can run
   the whole sequence in one library call);
@@ -121,7 +121,7 @@ EXPECTED_CPP_ATEN = {1: 2.00, 64: 1.20}  # C++ loop of ATen calls, default shape
 EXPECTED_JAX = {1: 0.94, 64: 0.80}  # JAX lax.scan rollout vs the bound, default shapes
 EXPECTED_JAX_SMOOTHER = (0.74, 1.44)  # JAX lax.scan vs torch.tanh (B=256 T=200; B=64 T=4000)
 
-# MEASURED.md's H200 figures (rnnserve at its first landing; ms per call; same shapes as CUDA_FULL)
+# Early H200 figures of rnnserve as first built (ms per call; the shapes of CUDA_FULL)
 EXPECTED_H200_MS: dict[tuple[str, int, int], tuple[float, str]] = {
     ("device-to-device copy (floor)", 64, 1000): (0.022, "copy of the same bytes"),
     ("device-to-device copy (floor)", 256, 4000): (0.047, "copy of the same bytes"),

@@ -5,8 +5,8 @@ Usage::
     python -m bench.bench_threads [--quick] [--out docs/BENCHMARKS.md]
 
 rnnserve runs every batch on one dedicated worker thread (``service/engine/runtime.py``) with
-``torch_threads`` intra-op threads. MEASURED.md saw a 2.5-3x slowdown for torch called from a
-thread other than the first one with the default OpenMP threads. Each layout runs in a fresh
+``torch_threads`` intra-op threads. Torch called from a thread other than the first one, with
+the default OpenMP threads, has been seen 2.5-3x slower. Each layout runs in a fresh
 process (OpenMP pools are per process), times the default models on server-like batches, and the
 ratios are against "worker thread, 1 torch thread" -- rnnserve's default.
 """

@@ -42,7 +42,6 @@ from rnnserve.models.kernels import ema_packed_numba, ema_packed_torch
 from rnnserve.models.packing import pack
 from rnnserve.models.smoothing import LinearRecursion
 
-# MEASURED.md's CPU figures that the "expected / got" paragraph compares against.
 # the server's CPU path: EMA + tanh fused, on the sequences' own rows (no packing)
 SMOOTH_FLAT = "LinearRecursion.smooth_flat (no packing; the server's CPU path)"
 TRITON_PIECES_8 = "Triton smoother, forward in pieces of 8 steps (sub=8)"
