@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,15 +25,10 @@ from pathlib import Path
 
 import httpx
 
+from tests.e2e.server import free_port
+
 WORKER_APP = "rnnserve.service.http.app"
 ENGINE_SOCKET_ENV = "_RNNSERVE_ENGINE_SOCKET"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def descendants(pid: int) -> list[int]:
