@@ -59,7 +59,7 @@ def main() -> None:
 
     # the body as the server receives it: the event loop hands it over in reads of at most
     # 256 KiB (asyncio's transport), made fresh by the HTTP parser, and the route joins them
-    # (routes._read_body). The pieces are made here and only the join is timed (the stage
+    # (auth.read_body). The pieces are made here and only the join is timed (the stage
     # returns its own time). Copying each piece into a buffer as it arrives measured slower
     # (a bytearray is zeroed first), so the route joins.
     piece = 256 * 1024
@@ -70,15 +70,14 @@ def main() -> None:
         st["body"] = b"".join(pieces)
         return time.perf_counter() - t0
 
-    def parse_bin() -> None:  # as the route, for the smoother on the CPU: the model checks
-        decoded = bodies.decode(st["body"], bodies.SAFETENSORS, "sequences", LIMITS)
-        assert decoded is not None
-        st["in"] = decoded.sequences(16, "smoother", check_finite=False)
-
-    def parse_bin_checked() -> None:  # as the route for other models: its own finite check
+    def parse_bin() -> None:  # as the route: the values are the engine's to check
         decoded = bodies.decode(st["body"], bodies.SAFETENSORS, "sequences", LIMITS)
         assert decoded is not None
         st["in"] = decoded.sequences(16, "smoother")
+
+    def parse_bin_checked() -> None:  # and the engine's check, for models that do not check
+        parse_bin()
+        assert st["in"].all_finite()
 
     def layout() -> None:
         st["plan"] = plan(st["in"].lengths)
@@ -112,7 +111,7 @@ def main() -> None:
         "json: parse (fast path)": parse_json,
         "binary: join the received pieces": join_bin,
         "binary: parse (finite check left to the model)": parse_bin,
-        "binary: parse with its own finite check": parse_bin_checked,
+        "binary: parse, then the engine's finite check": parse_bin_checked,
         "plan (row indices)": layout,
         "pack (scatter)": pack,
         "model": run,

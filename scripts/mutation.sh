@@ -32,7 +32,7 @@ in_background() {  # "$@" in its own niced session; stopped with this script (Ct
   return "$rc"
 }
 CORE=(service/engine/batcher.py service/http/validation.py service/engine/continuous.py service/codec/bodies.py
-      service/http/routes.py models/packing.py models/__init__.py)
+      service/http/inference.py service/http/streaming.py models/packing.py models/__init__.py)
 # models/kernels/numba_math.py and models/kernels/__init__.py are left out: every function of the
 # first is compiled by numba (through `overload`) or run by numba while it compiles, and the
 # second's only function is decorated (functools.cache), which mutmut does not mutate.
@@ -55,7 +55,7 @@ tests_for() {
     # reader, streaming (_ndjson; test_ndjson.py drives it directly), the fast path
     # (serve_inference), reliability (error_response, _overloaded, deadlines, disconnects), and
     # models of other kinds (/models/{name}/infer)
-    service/http/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py \
+    service/http/inference.py | service/http/streaming.py | service/http/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py \
                             tests/integration/test_route_helpers.py tests/unit/http/test_read_body.py \
                             tests/integration/test_streaming.py tests/integration/test_fast_path.py \
                             tests/unit/engine/test_fault_isolation.py tests/integration/test_reliability.py \

@@ -6,7 +6,7 @@ and the models all import it, so an HTTP worker of ``rnnserve --workers N`` neve
 
 from __future__ import annotations
 
-import contextlib
+import math
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -51,6 +51,19 @@ class FlatSequences(Sequence[np.ndarray]):
     def ends(self) -> np.ndarray:
         return np.cumsum(self.lengths)
 
+    def all_finite(self) -> bool:
+        """No NaN and no infinity, in one pass without a copy: a float64 sum of float32 values
+        cannot overflow, so it is finite exactly when every value is."""
+        with np.errstate(invalid="ignore"):  # inf + -inf is NaN: found, not warned about
+            return math.isfinite(np.sum(self.data, dtype=np.float64))
+
+    def first_non_finite(self) -> int:
+        """The index of the first sequence with a NaN or an infinity; ``-1``: none."""
+        bad = ~np.isfinite(self.data).all(axis=1)
+        if not bad.any():
+            return -1
+        return int(np.searchsorted(self.ends, int(np.argmax(bad)), side="right"))
+
     def __len__(self) -> int:
         return len(self.lengths)
 
@@ -86,14 +99,12 @@ class StreamingUnavailable(ValueError):
 
 
 class NonFiniteInput(ValueError):
-    """A request held a NaN or an infinity, found by the model while it ran (its own pass).
+    """A request's sequences hold a NaN or an infinity, found by the engine (or by the model in
+    its own pass over them); the layer that has the request's body says where."""
 
-    ``sequence`` is the index, within the request, of the first sequence with one.
-    """
-
-    def __init__(self, sequence: int) -> None:
-        super().__init__(f"sequence {sequence} holds a value that is not finite")
-        self.sequence = sequence
+    @classmethod
+    def in_sequence(cls, sequence: int) -> NonFiniteInput:
+        return cls(f"sequence {sequence} holds a value that is not finite")
 
 
 class ServedInfo(Protocol):
@@ -107,21 +118,14 @@ class ServedInfo(Protocol):
     def input_dim(self) -> int: ...
     @property
     def info(self) -> dict[str, Any]: ...
-    @property
-    def checks_finite(self) -> bool:
-        """Whether the model checks its inputs for NaN and infinity as it runs.
-
-        If so, the HTTP layer may skip its own pass over a binary body: a request with such
-        a value then fails alone with :class:`NonFiniteInput`.
-        """
-        ...
 
 
 class Runtime(Protocol):
     """What the HTTP layer uses of a runtime: :class:`ModelRuntime` in this process, or
     :class:`rnnserve.service.ipc.worker_side.RemoteRuntime` in an HTTP worker of ``rnnserve
     --workers N``. Both raise the same errors: ``UnknownModel``, ``QueueFull``, ``BatcherClosed``,
-    ``StreamingUnavailable``."""
+    ``StreamingUnavailable``, and ``NonFiniteInput`` for sequences that hold a NaN or an
+    infinity (the HTTP layer need not check binary bodies for them)."""
 
     @property
     def models(self) -> Mapping[str, ServedInfo]: ...
@@ -136,8 +140,33 @@ class Runtime(Protocol):
     ) -> AsyncIterator[list[Piece]]: ...
 
 
-# The id of the request being served (set by the HTTP layer); items remember it when submitted.
-REQUEST_ID: ContextVar[str | None] = ContextVar("rnnserve_request_id", default=None)
+@dataclass(eq=False)
+class RequestContext:
+    """The request a task serves, as every layer of its process sees it.
+
+    The HTTP layer opens one per request (:func:`open_request`); the batchers read it when an
+    item is submitted, log a model's failure with the ids of the requests it hit and note it
+    here, so that the layer that answers the request does not log the same failure again. The
+    engine process opens one per call from the id the worker sent.
+    """
+
+    request_id: str
+    failure_logged: bool = False
+
+
+_CURRENT_REQUEST: ContextVar[RequestContext | None] = ContextVar("rnnserve_request", default=None)
+
+
+def open_request(request_id: str) -> RequestContext:
+    """Begin serving request ``request_id`` in this task (and the tasks it starts)."""
+    context = RequestContext(request_id)
+    _CURRENT_REQUEST.set(context)
+    return context
+
+
+def current_request() -> RequestContext | None:
+    """The request this task serves; ``None`` outside one."""
+    return _CURRENT_REQUEST.get()
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -146,16 +175,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return True
     return "out of memory" in str(exc).lower()
-
-
-def mark_logged(exc: BaseException) -> None:
-    """Note that ``exc`` was logged with its request ids (callers need not log it again)."""
-    with contextlib.suppress(AttributeError):  # an exception without a __dict__
-        exc.rnnserve_logged = True  # type: ignore[attr-defined]
-
-
-def was_logged(exc: BaseException) -> bool:
-    return bool(getattr(exc, "rnnserve_logged", False))
 
 
 class BatcherError(Exception):

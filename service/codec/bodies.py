@@ -710,17 +710,17 @@ class Decoded:
     """A request body that parsed: the model name it asked for, and how to get its arrays."""
 
     model: str | None
-    _finish: Any  # (input_dim, model name, check_finite) -> FlatSequences, raising RequestError
+    _finish: Any  # (input_dim, model name) -> FlatSequences, raising RequestError
 
-    def sequences(self, input_dim: int, model: str, check_finite: bool = True) -> FlatSequences:
-        """Check limits, width and values against the model; the float32 sequences.
+    def sequences(self, input_dim: int, model: str) -> FlatSequences:
+        """Check limits and width against the model; the float32 sequences.
 
-        ``check_finite=False`` leaves the NaN and infinity check of a binary body to a model
-        that checks its inputs in the same pass as its computation (the smoother on the CPU);
-        the caller then answers a :class:`NonFinite` result with :func:`non_finite_error`.
-        JSON bodies are always checked: the parser sees each number anyway.
+        JSON bodies are checked for values that are not finite too (the reader sees each
+        number anyway); binary bodies are not: the engine refuses such values with
+        :class:`~rnnserve.service.interface.NonFiniteInput`, answered with
+        :func:`non_finite_error`.
         """
-        result: FlatSequences = self._finish(input_dim, model, check_finite)
+        result: FlatSequences = self._finish(input_dim, model)
         return result
 
 
@@ -802,8 +802,8 @@ def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
     # body was read: on a codec thread for a large one, not on the event loop)
     data = data[: total * width].copy()  # (a body on the happy path has a step: width >= 1)
 
-    def finish(input_dim: int, name: str, check_finite: bool) -> FlatSequences:
-        del check_finite  # the scanner refuses NaN and Infinity, and found float32 overflow
+    def finish(input_dim: int, name: str) -> FlatSequences:
+        # the scanner refused NaN and Infinity, and found where float32 overflows
         too_long = (int(info[_TOO_LONG_AT]), int(info[_TOO_LONG_LEN]))
         check_limits(n_seq, too_long, total, field, limits)
         if width != input_dim:  # the precise path reports the first step: every step has it
@@ -855,13 +855,10 @@ def _width_error(width: int, field: str, input_dim: int, model: str) -> RequestE
 
 
 def non_finite_error(seqs: FlatSequences, field: str) -> RequestError:
-    """The located 422 for sequences a model found a NaN or an infinity in.
-
-    For bodies whose check was left to the model (``check_finite=False``): the model said
-    that some value is not finite; this finds the first one and says where.
-    """
+    """The located error for sequences the engine found a NaN or an infinity in: the first
+    such value and where it is."""
     first = int(_first_non_finite(seqs.data.reshape(-1)))
-    if first < 0:  # the model's word against the data: report it without a place
+    if first < 0:  # the engine's word against the data: report it without a place
         return RequestError("non_finite", f"'{field}' holds a value that is not finite",
                             (field,))  # fmt: skip
     return _value_error(seqs, first, field, "value is not a finite number")
@@ -984,18 +981,13 @@ def _decode_safetensors(body: bytes, field: str, limits: Limits) -> Decoded:
     if data.shape[1] == 0:
         raise RequestError("empty", "sequence 0, step 0 has no features", (field, 0, 0))
 
-    def finish(input_dim: int, model: str, check_finite: bool) -> FlatSequences:
+    def finish(input_dim: int, model: str) -> FlatSequences:
         long = np.flatnonzero(lengths > limits.max_sequence_length)
         too_long = (int(long[0]), int(lengths[long[0]])) if len(long) else (-1, 0)
         check_limits(len(lengths), too_long, total, field, limits)
         if data.shape[1] != input_dim:
             raise _width_error(data.shape[1], field, input_dim, model)
-        out = FlatSequences(data, lengths)
-        if check_finite:
-            first = int(_first_non_finite(data.reshape(-1)))
-            if first >= 0:
-                raise _value_error(out, first, field, "value is not a finite number")
-        return out
+        return FlatSequences(data, lengths)
 
     return Decoded(meta.get("model"), finish)
 

@@ -9,8 +9,8 @@ and nobody else's. With ``max_split_depth`` > 0 a failing batch is first split i
 half retried (bisection, at most ``max_split_depth`` levels), so that only the items that fail
 on their own fail: one poison request in a batch of 64 costs about 2 x 6 extra handler calls.
 
-Each item carries the request id of its caller (:data:`REQUEST_ID`, read when it is submitted)
-so that a failure is logged with the ids of the requests it hit.
+Each item carries its caller's request (:class:`RequestContext`, read when it is submitted) so
+that a failure is logged once, with the ids of the requests it hit.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from rnnserve.service.interface import (
-    REQUEST_ID,
     BatcherClosed,
     BatcherError,
     QueueFull,
+    RequestContext,
+    current_request,
     is_out_of_memory,
-    mark_logged,
 )
 
 T = TypeVar("T")
@@ -44,9 +44,16 @@ def failure_reason(exc: BaseException) -> str:
     return "out_of_memory" if is_out_of_memory(exc) else "error"
 
 
-def request_ids(ids: Iterable[str | None]) -> str:
-    """Request ids for a log line: ``a1,b2,-`` (``-`` for an item without one)."""
-    return ",".join(i or "-" for i in ids)
+def request_ids(requests: Iterable[RequestContext | None]) -> str:
+    """Request ids for a log line: ``a1,b2,-`` (``-`` for an item submitted outside a request)."""
+    return ",".join(r.request_id if r is not None else "-" for r in requests)
+
+
+def note_logged(requests: Iterable[RequestContext | None]) -> None:
+    """Their failure is in the log with their ids: the layers that answer them need not log it."""
+    for r in requests:
+        if r is not None:
+            r.failure_logged = True
 
 
 class TimedResults(list[R]):
@@ -106,7 +113,7 @@ class _Pending(Generic[T, R]):
     cost: int
     future: asyncio.Future[R]
     enqueued: float = field(default_factory=time.monotonic)
-    tag: str | None = field(default_factory=REQUEST_ID.get)
+    request: RequestContext | None = field(default_factory=current_request)
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -294,7 +301,7 @@ class DynamicBatcher(Generic[T, R]):
     async def _failed(self, batch: list[_Pending[T, R]], exc: Exception, depth: int) -> None:
         """Bisect: retry each half of a failed batch, or fail its callers."""
         live = [p for p in batch if not p.future.done()]
-        ids = request_ids(p.tag for p in live)
+        ids = request_ids(p.request for p in live)
         if len(live) > 1 and depth < self.max_split_depth:
             reason = failure_reason(exc)
             log.warning(
@@ -312,7 +319,7 @@ class DynamicBatcher(Generic[T, R]):
                 "%s: batch of %d requests failed; requests %s",
                 self.name, len(live), ids, exc_info=exc,
             )  # fmt: skip
-            mark_logged(exc)
+            note_logged(p.request for p in live)
         for p in live:
             p.future.set_exception(exc)
 

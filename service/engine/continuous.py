@@ -31,8 +31,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from rnnserve.service.engine.batcher import BatchObserver, failure_reason, request_ids
-from rnnserve.service.interface import REQUEST_ID, BatcherClosed, QueueFull, mark_logged
+from rnnserve.service.engine.batcher import (
+    BatchObserver,
+    failure_reason,
+    note_logged,
+    request_ids,
+)
+from rnnserve.service.interface import (
+    BatcherClosed,
+    QueueFull,
+    RequestContext,
+    current_request,
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -61,7 +71,7 @@ class _Work(Generic[T, R]):
     future: asyncio.Future[R]
     progress: asyncio.Queue[Any] | None = None  # set for streaming callers
     enqueued: float = field(default_factory=time.monotonic)
-    tag: str | None = field(default_factory=REQUEST_ID.get)
+    request: RequestContext | None = field(default_factory=current_request)
     depth: int = 0  # how many times its chunk failed and it was split off to retry
     group: int | None = None  # a retry group: runs alone, without other items
     sent: bool = False  # progress was handed to its (streaming) caller
@@ -300,13 +310,13 @@ class ContinuousBatcher(Generic[T, R]):
         for work in live:
             if work not in retry:
                 work.future.set_exception(exc)
-        ids = request_ids(w.tag for w in live)
+        ids = request_ids(w.request for w in live)
         if not retry:
             log.error(
                 "%s: chunk of %d items failed; requests %s",
                 self.name, len(live), ids, exc_info=exc,
             )  # fmt: skip
-            mark_logged(exc)
+            note_logged(w.request for w in live)
             return
         log.warning(
             "%s: chunk of %d items failed (%s: %s); %d start over in two halves, apart; "

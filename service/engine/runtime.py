@@ -63,7 +63,14 @@ class ServedModel:
     info: dict[str, Any]
     batcher: DynamicBatcher[Item, Item] | ContinuousBatcher[Item, Item] = field(repr=False)
     executor: ThreadPoolExecutor = field(repr=False)
-    checks_finite: bool = False
+    checks_finite: bool = False  # the model finds NaN and infinity in its own pass over them
+
+
+def _refuse_non_finite(served: ServedModel, sequences: Item) -> None:
+    """Raise :class:`NonFiniteInput` for sequences with a NaN or an infinity, unless the model
+    finds them in its own pass (then only that request fails, not its batch)."""
+    if not served.checks_finite and not sequences.all_finite():
+        raise NonFiniteInput.in_sequence(sequences.first_non_finite())
 
 
 def resolve_device(name: str) -> torch.device:
@@ -327,6 +334,7 @@ class ModelRuntime:
                 f"model '{name}' cannot stream: streaming needs a Traveller with "
                 "continuous rollout scheduling"
             )
+        _refuse_non_finite(served, sequences)
         return served.batcher.stream(
             sequences, size=len(sequences), cost=sum(len(s) for s in sequences)
         )
@@ -340,6 +348,7 @@ class ModelRuntime:
         served = self.get(name)
         if not isinstance(sequences, FlatSequences):
             sequences = FlatSequences.from_arrays(sequences, served.input_dim)
+        _refuse_non_finite(served, sequences)
         return await served.batcher.submit(sequences, size=len(sequences), cost=sequences.total)
 
     def _compute(
@@ -375,7 +384,7 @@ class ModelRuntime:
         for item in items:
             ok = finite[seq : seq + len(item)] if finite is not None else None
             if ok is not None and not ok.all():
-                results.append(ItemError(NonFiniteInput(int(np.argmin(ok)))))
+                results.append(ItemError(NonFiniteInput.in_sequence(int(np.argmin(ok)))))
             else:
                 results.append(FlatSequences(flat[row : row + item.total], item.lengths))
             row += item.total

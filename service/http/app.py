@@ -25,9 +25,8 @@ from rnnserve.service.codec import bodies
 from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings, package_version
 from rnnserve.service.http import openapi
+from rnnserve.service.http.responses import error_response, json_response
 from rnnserve.service.http.routes import (
-    error_response,
-    json_response,
     router,
     serve_inference,
 )

@@ -13,6 +13,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from rnnserve.service.codec import bodies
+from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, Endpoint
 from rnnserve.service.interface import Limits, RequestError
 
 # Strict: no strings or booleans posing as numbers; NaN and Infinity literals are refused.
@@ -46,6 +47,27 @@ class SmoothResponse(BaseModel):
 class RolloutResponse(BaseModel):
     model: str
     positions: list[list[list[float]]]
+
+
+class InferRequest(BaseModel):
+    """``POST /models/{name}/infer``: N sequences of T_i steps of the model's input features."""
+
+    model_config = ConfigDict(extra="forbid")
+    inputs: Sequences = Field(description="N sequences, each [T_i][input features] numbers")
+    model: str | None = Field(None, description="optional; if given, must equal the path's name")
+
+
+class InferResponse(BaseModel):
+    model: str
+    outputs: list[list[list[float]]] = Field(description="N sequences, each [T_i][outputs]")
+
+
+# each inference endpoint's request and answer schemas
+SCHEMAS: dict[Endpoint, tuple[type[BaseModel], type[BaseModel]]] = {
+    SMOOTH: (SmoothRequest, SmoothResponse),
+    ROLLOUT: (RolloutRequest, RolloutResponse),
+    INFER: (InferRequest, InferResponse),
+}
 
 
 def _where(loc: tuple[str | int, ...]) -> str:

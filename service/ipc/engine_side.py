@@ -11,10 +11,7 @@ import os
 
 import orjson
 
-from rnnserve.service.interface import (
-    REQUEST_ID,
-    Runtime,
-)
+from rnnserve.service.interface import RequestContext, Runtime, open_request
 from rnnserve.service.ipc.frames import (
     STREAM_LIMIT,
     Frame,
@@ -27,6 +24,10 @@ from rnnserve.service.ipc.frames import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _logged(request: RequestContext | None) -> bool:
+    return request is not None and request.failure_logged
 
 
 class _Connection:
@@ -66,7 +67,8 @@ class _Connection:
             if running is not None:
                 running.cancel()
         else:
-            self._send(error_frame(frame.id, FrameError(f"{frame.op.name} is not a request")))
+            wrong = FrameError(f"{frame.op.name} is not a request")
+            self._send(error_frame(frame.id, wrong, logged=False))
 
     def _forget(self, call_id: int, _: object) -> None:
         self.tasks.pop(call_id, None)
@@ -79,24 +81,26 @@ class _Connection:
         return orjson.dumps({"pid": os.getpid(), "models": served})
 
     async def _infer(self, frame: Frame) -> None:
+        request: RequestContext | None = None
         try:
             name, request_id, sequences = request_of(frame)
-            REQUEST_ID.set(request_id)  # this task's own context: the batcher logs with it
+            request = open_request(request_id or "-")  # this task's own: the batcher logs with it
             out = await self.runtime.infer(name, sequences)
             reply = Frame(Op.RESULT, frame.id, ints=out.lengths, rows=out.data)
         except asyncio.CancelledError:
             raise  # the worker forgot this id: nothing to answer
         except Exception as exc:  # the same exception, raised again in the worker
-            reply = error_frame(frame.id, exc)
+            reply = error_frame(frame.id, exc, _logged(request))
         await self._reply(reply)
 
     async def _stream(self, frame: Frame) -> None:
+        request: RequestContext | None = None
         try:
             name, request_id, sequences = request_of(frame)
-            REQUEST_ID.set(request_id)
+            request = open_request(request_id or "-")
             pieces = await self.runtime.open_stream(name, sequences)
         except Exception as exc:
-            await self._reply(error_frame(frame.id, exc))
+            await self._reply(error_frame(frame.id, exc, _logged(request)))
             return
         try:
             await self._reply(Frame(Op.ACCEPTED, frame.id))
@@ -106,7 +110,7 @@ class _Connection:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self._reply(error_frame(frame.id, exc))
+            await self._reply(error_frame(frame.id, exc, _logged(request)))
         finally:
             with contextlib.suppress(RuntimeError):
                 await pieces.aclose()  # type: ignore[attr-defined]

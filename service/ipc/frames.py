@@ -46,12 +46,11 @@ import numpy as np
 from rnnserve.service.interface import (
     BatcherClosed,
     FlatSequences,
+    NonFiniteInput,
     Piece,
     QueueFull,
     StreamingUnavailable,
     UnknownModel,
-    mark_logged,
-    was_logged,
 )
 
 log = logging.getLogger(__name__)
@@ -84,6 +83,7 @@ class Code(enum.IntEnum):
     CLOSED = 4
     STREAMING_UNAVAILABLE = 5
     BAD_FRAME = 6
+    NON_FINITE = 7
 
 
 class EngineError(RuntimeError):
@@ -99,6 +99,7 @@ _CODES: dict[type[Exception], Code] = {
     QueueFull: Code.QUEUE_FULL,
     BatcherClosed: Code.CLOSED,
     StreamingUnavailable: Code.STREAMING_UNAVAILABLE,
+    NonFiniteInput: Code.NON_FINITE,
     FrameError: Code.BAD_FRAME,
 }
 _EXCEPTIONS: dict[Code, type[Exception]] = {
@@ -106,6 +107,7 @@ _EXCEPTIONS: dict[Code, type[Exception]] = {
     Code.QUEUE_FULL: QueueFull,
     Code.CLOSED: BatcherClosed,
     Code.STREAMING_UNAVAILABLE: StreamingUnavailable,
+    Code.NON_FINITE: NonFiniteInput,
 }
 
 _NO_INTS = np.empty(0, np.int64)
@@ -194,24 +196,22 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
     return decode(await reader.readexactly(size))
 
 
-def error_frame(call_id: int, exc: BaseException) -> Frame:
+def error_frame(call_id: int, exc: BaseException, logged: bool) -> Frame:
+    """The ERROR frame for ``exc``; ``logged``: the engine logged it with the request's id."""
     code = next((c for t, c in _CODES.items() if isinstance(exc, t)), Code.INTERNAL)
     text = str(exc) if code != Code.INTERNAL else f"{type(exc).__name__}: {exc}"
-    return Frame(Op.ERROR, call_id, code, text.encode(), flags=LOGGED if was_logged(exc) else 0)
+    return Frame(Op.ERROR, call_id, code, text.encode(), flags=LOGGED if logged else 0)
 
 
 def frame_error(frame: Frame) -> Exception:
-    """The exception an ERROR frame stands for, of the class the engine raised (marked as
-    logged when the engine logged it)."""
+    """The exception an ERROR frame stands for, of the class the engine raised (whether the
+    engine logged it is the frame's :data:`LOGGED` flag)."""
     message = frame.text.decode(errors="replace")
     try:
         cls = _EXCEPTIONS.get(Code(frame.code), EngineError)
     except ValueError:
         cls = EngineError
-    exc = cls(message)
-    if frame.flags & LOGGED:
-        mark_logged(exc)
-    return exc
+    return cls(message)
 
 
 def request_frame(

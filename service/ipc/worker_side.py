@@ -8,19 +8,21 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from rnnserve.service.interface import (
-    REQUEST_ID,
     EngineUnavailable,
     FlatSequences,
     Piece,
+    RequestContext,
     UnknownModel,
+    current_request,
 )
 from rnnserve.service.ipc.frames import (
+    LOGGED,
     STREAM_LIMIT,
     Frame,
     FrameError,
@@ -42,7 +44,6 @@ class RemoteModel:
     kind: str
     input_dim: int
     info: dict[str, Any]
-    checks_finite: bool = False  # the HTTP worker checks: the engine's finding is not relayed
 
 
 _END = object()
@@ -52,6 +53,7 @@ _END = object()
 class _Call:
     future: asyncio.Future[Any]  # the result, or (streams) the acceptance
     queue: asyncio.Queue[Any] | None = None  # streams: progress, then _END or an exception
+    request: RequestContext | None = field(default_factory=current_request)
 
 
 class _RemoteStream:
@@ -197,6 +199,8 @@ class RemoteRuntime:
         elif frame.op == Op.ERROR:
             del self._calls[frame.id]
             exc = frame_error(frame)
+            if frame.flags & LOGGED and call.request is not None:
+                call.request.failure_logged = True  # the engine's log has it, with the id
             if not call.future.done():
                 call.future.set_exception(exc)
             elif call.queue is not None:
@@ -245,7 +249,8 @@ class RemoteRuntime:
         if streaming:
             call.queue = asyncio.Queue()
         self._calls[call_id] = call
-        frame = request_frame(op, call_id, name, sequences, REQUEST_ID.get())
+        request_id = call.request.request_id if call.request is not None else None
+        frame = request_frame(op, call_id, name, sequences, request_id)
         self._writer.writelines(frame.buffers())
         return call_id, call
 

@@ -248,6 +248,27 @@ async def test_a_non_finite_value_found_by_the_model_fails_only_its_own_request(
             np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
 
 
+async def test_a_non_finite_value_for_a_model_that_does_not_check_is_refused_located(
+    client: httpx.AsyncClient,
+) -> None:
+    """The Traveller does not check its inputs: the engine does, before the batch."""
+    inputs = np.zeros((9, 6), np.float32)
+    inputs[6, 4] = -np.inf  # sequence 1 (rows 4..8), step 2
+    body = _body(inputs=inputs, lengths=np.array([4, 5]))
+    r = await client.post("/rollout", content=body, headers={"content-type": ST})
+    assert r.status_code == 422, r.text
+    assert r.json() == {
+        "detail": "sequence 1, step 2, feature 4: value is not a finite number",
+        "type": "non_finite",
+        "loc": ["inputs", 1, 2, 4],
+    }
+    inputs[6, 4] = 0.5
+    r = await client.post("/rollout", content=_body(inputs=inputs, lengths=np.array([4, 5])),
+                          headers={"content-type": ST, "accept": ST})  # fmt: skip
+    assert r.status_code == 200
+    assert load(r.content)["positions"].shape == (9, 2)
+
+
 async def _batches(client: httpx.AsyncClient) -> tuple[float, float]:
     """The smoother's batches so far, and the requests they held."""
     text = (await client.get("/metrics")).text

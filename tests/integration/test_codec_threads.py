@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from rnnserve.service.codec import bodies
-from rnnserve.service.http import routes
-from rnnserve.service.http.routes import CodecPool
+from rnnserve.service.codec.threads import CodecPool
+from rnnserve.service.http import inference
 
 from .conftest import running_app
 
@@ -81,8 +81,8 @@ def where_it_ran(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
     monkeypatch.setattr(bodies, "decode", spy("decode", bodies.decode))
     monkeypatch.setattr(bodies, "encode", spy("encode", bodies.encode))
-    monkeypatch.setattr(routes, "parse_body", spy("parse_body", routes.parse_body))
-    monkeypatch.setattr(routes, "to_arrays", spy("to_arrays", routes.to_arrays))
+    monkeypatch.setattr(inference, "parse_body", spy("parse_body", inference.parse_body))
+    monkeypatch.setattr(inference, "to_arrays", spy("to_arrays", inference.to_arrays))
     return seen
 
 

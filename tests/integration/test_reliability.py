@@ -17,7 +17,7 @@ import torch
 
 from rnnserve.models.smoothing import LinearRecursion
 from rnnserve.models.traveller import Traveller
-from rnnserve.service.http.routes import ERROR_TYPES
+from rnnserve.service.http.errors import ERROR_TYPES
 from tests.integration.conftest import AppClient
 from tests.metrics import value
 

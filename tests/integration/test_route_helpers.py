@@ -1,5 +1,5 @@
-"""service/http/routes.py's helpers, from its (partial) mutation run: the JSON and buffer responses,
-the documented request bodies, and which endpoint an unauthorized request is counted under.
+"""The HTTP layer's helpers: the JSON and buffer responses, the documented request bodies, the
+request ids, and which endpoint an unauthorized request is counted under.
 
 ``_body_spec`` runs while the module is imported (in the route decorators), before mutmut
 picks a mutant: it is called here so that its own code is judged.
@@ -21,8 +21,9 @@ from prometheus_client import CollectorRegistry, Gauge
 from safetensors.numpy import save
 
 from rnnserve.service.codec import bodies
-from rnnserve.service.http import auth, errors, routes
-from rnnserve.service.http.routes import BuffersResponse, InferRequest, json_response
+from rnnserve.service.http import auth, errors, inference, responses, routes
+from rnnserve.service.http.responses import BuffersResponse, json_response
+from rnnserve.service.http.validation import InferRequest
 from rnnserve.service.interface import (
     BatcherClosed,
     EngineUnavailable,
@@ -113,15 +114,15 @@ def test_the_default_model_is_resolved_once_per_app_with_its_settings(
         runtime=SimpleNamespace(models=served), settings=SimpleNamespace(default_smoother="b")
     )
     calls: list[str] = []
-    real = routes.defaults.resolve
+    real = inference.defaults.resolve
 
     def resolve(models: Any, kind: str, settings: Any) -> str:
         calls.append(kind)
         return real(models, kind, settings)
 
-    monkeypatch.setattr(routes.defaults, "resolve", resolve)
-    assert routes._default_model(state, "smoother") == "b"  # the setting, not the first served
-    assert routes._default_model(state, "smoother") == "b"
+    monkeypatch.setattr(inference.defaults, "resolve", resolve)
+    assert inference._default_model(state, "smoother") == "b"  # the setting, not the first served
+    assert inference._default_model(state, "smoother") == "b"
     assert calls == ["smoother"]
     assert state.default_models == {"smoother": "b"}
 
@@ -149,7 +150,7 @@ def test_the_byte_budget_takes_up_to_its_limit_exactly() -> None:
 )  # fmt: skip
 def test_error_response_asks_for_a_bearer_token_on_401_only(kind: str, status: int) -> None:
     exc = RequestError(kind, "what went wrong")
-    response = routes.error_response(exc)
+    response = responses.error_response(exc)
     assert response.status_code == status
     answered = kind if kind in errors.CATALOGUE else "invalid_request"
     assert orjson.loads(response.body) == {**exc.body(), "type": answered}
@@ -247,10 +248,10 @@ async def test_a_request_refused_before_its_model_is_known_is_labelled_unknown(
 
 def test_request_ids_are_32_hex_digits_and_differ() -> None:
     request = SimpleNamespace(headers={})
-    ids = [routes._request_id(request) for _ in range(300)]  # type: ignore[arg-type]
+    ids = [inference._request_id(request) for _ in range(300)]  # type: ignore[arg-type]
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
     assert len(set(ids)) == 300
-    assert {i[:16] for i in ids} == {routes._ID_PREFIX}  # the process's own prefix
+    assert {i[:16] for i in ids} == {inference._ID_PREFIX}  # the process's own prefix
 
 
 SMOOTH_BODY = {"inputs": [[[0.5] * 16, [0.25] * 16]]}
@@ -374,7 +375,7 @@ async def test_each_failure_of_the_model_call_gets_its_answer(
 
 async def test_a_non_finite_value_the_model_found_is_located(app_client: AppClient) -> None:
     async def infer(name: str, sequences: Any) -> Any:
-        raise NonFiniteInput(1)
+        raise NonFiniteInput.in_sequence(1)
 
     body = orjson.dumps({"sequences": [[[0.5] * 16], [[0.25] * 16, [0.5] * 16]]})
     async with app_client() as (app, client):

@@ -15,7 +15,7 @@ from rnnserve.service.engine.batcher import (
     TimedResults,
     request_ids,
 )
-from rnnserve.service.interface import BatcherClosed, QueueFull, mark_logged, was_logged
+from rnnserve.service.interface import BatcherClosed, QueueFull, RequestContext, open_request
 
 
 class Recorder:
@@ -467,12 +467,8 @@ async def test_observer_times_waits_and_compute_within_the_call() -> None:
     await b.close()
 
 
-def test_request_ids_and_logged_marks() -> None:
-    assert request_ids(["a1", None, "b2"]) == "a1,-,b2"
-    exc = RuntimeError("x")
-    assert was_logged(exc) is False
-    mark_logged(exc)
-    assert was_logged(exc) is True
+def test_request_ids_name_each_request_and_a_dash_for_none() -> None:
+    assert request_ids([RequestContext("a1"), None, RequestContext("b2")]) == "a1,-,b2"
 
 
 async def test_a_failure_is_logged_once_and_marked_so() -> None:
@@ -485,10 +481,15 @@ async def test_a_failure_is_logged_once_and_marked_so() -> None:
         max_split_depth=1,
     )  # fmt: skip
     b.start()
-    out = await asyncio.wait_for(
-        asyncio.gather(b.submit(1), b.submit(2), return_exceptions=True), 5
-    )
-    assert all(isinstance(e, RuntimeError) and was_logged(e) for e in out)
+    contexts: list[RequestContext] = []
+
+    async def submit(i: int) -> int:
+        contexts.append(open_request(f"r{i}"))  # as the HTTP layer opens one per request
+        return await b.submit(i)
+
+    out = await asyncio.wait_for(asyncio.gather(submit(1), submit(2), return_exceptions=True), 5)
+    assert all(isinstance(e, RuntimeError) for e in out)
+    assert [c.failure_logged for c in contexts] == [True, True]
     assert observer.splits == ["error"]
     assert observer.names == {"m"}
     await b.close()

@@ -10,7 +10,7 @@ import pytest
 
 from rnnserve.service.engine.batcher import DynamicBatcher, TimedResults, failure_reason
 from rnnserve.service.engine.continuous import ChunkOutcome, ContinuousBatcher
-from rnnserve.service.interface import REQUEST_ID, is_out_of_memory
+from rnnserve.service.interface import is_out_of_memory, open_request
 
 POISON = -1
 
@@ -42,7 +42,7 @@ def _poisoned(calls: list[list[int]], error: Exception) -> object:
 
 async def _submit_all(batcher: DynamicBatcher[int, int], items: Sequence[int]) -> list[object]:
     async def one(i: int) -> object:
-        REQUEST_ID.set(f"req-{i}")
+        open_request(f"req-{i}")
         return await batcher.submit(i)
 
     return list(await asyncio.gather(*(one(i) for i in items), return_exceptions=True))

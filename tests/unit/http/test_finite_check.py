@@ -1,4 +1,5 @@
-"""The NaN and infinity check of binary bodies, left to a model that checks as it runs."""
+"""Values that are not finite: JSON bodies refused by the reader, binary ones kept for the engine
+to refuse, and the located error for what the engine found."""
 
 from __future__ import annotations
 
@@ -17,28 +18,26 @@ def _body(data: np.ndarray, lengths: list[int]) -> bytes:
     return save({"sequences": data, "lengths": np.array(lengths, np.int64)})
 
 
-def test_a_binary_body_left_unchecked_keeps_its_values_and_a_checked_one_is_refused() -> None:
+def test_a_binary_body_keeps_its_values_for_the_engine_to_check() -> None:
     data = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)
     data[3, 2] = np.inf
     decoded = bodies.decode(_body(data, [2, 3]), bodies.SAFETENSORS, "sequences", LIMITS)
     assert decoded is not None
-    seqs = decoded.sequences(3, "m", check_finite=False)
+    seqs = decoded.sequences(3, "m")
     np.testing.assert_array_equal(seqs.data, data)
     assert seqs.lengths.tolist() == [2, 3]
+    assert seqs.first_non_finite() == 1
+    # the other checks still run
     with pytest.raises(RequestError) as err:
-        decoded.sequences(3, "m")
-    assert err.value.loc == ("sequences", 1, 1, 2)
-    # the other checks still run when the finite check is left to the model
-    with pytest.raises(RequestError) as err:
-        decoded.sequences(4, "m", check_finite=False)
+        decoded.sequences(4, "m")
     assert err.value.type == "wrong_feature_count"
 
 
-def test_json_bodies_are_checked_whatever_the_caller_asks() -> None:
+def test_json_bodies_are_checked_by_the_reader() -> None:
     decoded = bodies.decode(b'{"sequences": [[[1, 2]], [[1e39, 0]]]}', None, "sequences", LIMITS)
     assert decoded is not None
     with pytest.raises(RequestError) as err:
-        decoded.sequences(2, "m", check_finite=False)
+        decoded.sequences(2, "m")
     assert (err.value.type, err.value.loc) == ("non_finite", ("sequences", 1, 0, 0))
 
 

@@ -1,5 +1,5 @@
-"""The streamed rollout's lines, metrics and clean-up (rnnserve.service.http.routes._ndjson), driven
-directly.
+"""The streamed rollout's lines, metrics and clean-up (``rnnserve.service.http.streaming.ndjson``),
+driven directly.
 
 The integration tests (tests/integration/test_streaming.py) stream real rollouts; these feed
 the generator pieces by hand, so that each way a stream ends (done, deadline, failure, client
@@ -23,8 +23,8 @@ import pytest
 from prometheus_client import Gauge
 from starlette.requests import Request
 
-from rnnserve.service.http import routes
-from rnnserve.service.interface import REQUEST_ID, Piece, mark_logged
+from rnnserve.service.http import streaming
+from rnnserve.service.interface import Piece, open_request
 from rnnserve.service.metrics import Metrics
 
 ENDPOINT, MODEL = "rollout", "traveller"
@@ -70,6 +70,7 @@ def _stream(
     disconnect_after: float | None = None,
     rid: str = "rid-1",
     rollout: Rollout | None = None,
+    failure_logged: bool = False,
 ) -> tuple[list[bytes], Metrics, Gauge, float]:
     """Every line the stream yields, the metrics, the in-flight gauge, and the time taken;
     checks that ``rollout`` was cleaned up by the time the stream ended (not later, when
@@ -79,9 +80,10 @@ def _stream(
     in_flight.inc()
 
     async def main() -> tuple[list[bytes], float]:
-        REQUEST_ID.set(rid)
+        # a scheduler that logs a failure notes it in the request's context
+        open_request(rid).failure_logged = failure_logged
         started = time.perf_counter()
-        stream = routes._ndjson(
+        stream = streaming.ndjson(
             _request(disconnect_after), "m1", pieces, in_flight, metrics, ENDPOINT, MODEL,
             started, started + deadline,
         )  # fmt: skip
@@ -153,11 +155,11 @@ def test_a_failing_rollout_ends_the_stream_with_an_internal_error(
     logged: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     failure = RuntimeError("the model broke")
-    if logged:  # the scheduler logged it already, with the request ids
-        mark_logged(failure)
     rollout = Rollout(CHUNKS[:1], fail=failure)
     with caplog.at_level(logging.ERROR, logger="rnnserve"):
-        lines, metrics, in_flight, _ = _stream(rollout.run(), rid="abc-123", rollout=rollout)
+        lines, metrics, in_flight, _ = _stream(
+            rollout.run(), rid="abc-123", rollout=rollout, failure_logged=logged
+        )
     assert lines == [
         _line(0, 0, 2) + _line(1, 0, 1),
         b'{"error":{"detail":"internal server error; see the server log (request abc-123)",'

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from starlette.requests import Request
 
-from rnnserve.service.http import auth, routes
+from rnnserve.service.http import auth, inference, streaming
 from rnnserve.service.http.errors import status as status_of
 from rnnserve.service.interface import RequestError
 
@@ -164,8 +164,8 @@ def _headers_request(headers: dict[str, str]) -> Request:
     ],
 )
 def test_the_deadline(default_s: float, header: str | None, due: float) -> None:
-    request = _headers_request({} if header is None else {routes.TIMEOUT_HEADER: header})
-    assert routes._deadline(request, 100.0, default_s) == due
+    request = _headers_request({} if header is None else {inference.TIMEOUT_HEADER: header})
+    assert inference._deadline(request, 100.0, default_s) == due
 
 
 def _receiving(messages: list[dict[str, Any]]) -> tuple[Request, list[int]]:
@@ -185,7 +185,7 @@ def _receiving(messages: list[dict[str, Any]]) -> tuple[Request, list[int]]:
 def test_disconnected_returns_on_the_disconnect_and_only_then() -> None:
     more = {"type": "http.request", "body": b"", "more_body": False}
     request, calls = _receiving([more, more, {"type": "http.disconnect"}, more])
-    asyncio.run(asyncio.wait_for(routes._disconnected(request), 5))
+    asyncio.run(asyncio.wait_for(streaming.disconnected(request), 5))
     assert calls == [3]
 
 
@@ -196,15 +196,15 @@ async def _value_after(s: float, value: int) -> int:
 
 def test_unless_disconnected_gives_the_result_with_no_deadline() -> None:
     request, _ = _receiving([])  # the client stays
-    got = asyncio.run(routes._unless_disconnected(request, _value_after(0.01, 7), math.inf))
+    got = asyncio.run(inference._unless_disconnected(request, _value_after(0.01, 7), math.inf))
     assert got == 7
 
 
 @pytest.mark.parametrize(
     ("messages", "due_in", "raised"),
     [
-        ([{"type": "http.disconnect"}], 30.0, routes.ClientGone),  # the client goes first
-        ([], 0.02, routes.DeadlineExceeded),  # the deadline passes first
+        ([{"type": "http.disconnect"}], 30.0, inference.ClientGone),  # the client goes first
+        ([], 0.02, inference.DeadlineExceeded),  # the deadline passes first
     ],
 )
 def test_unless_disconnected_ends_the_work_that_lost(
@@ -214,7 +214,7 @@ def test_unless_disconnected_ends_the_work_that_lost(
         request, _ = _receiving(messages)
         work = asyncio.ensure_future(_value_after(30, 7))
         with pytest.raises(raised):
-            await routes._unless_disconnected(request, work, time.perf_counter() + due_in)
+            await inference._unless_disconnected(request, work, time.perf_counter() + due_in)
         await asyncio.sleep(0)
         return work
 
@@ -235,10 +235,10 @@ _LONG = "-" + "9" * 39  # a negative number, too long to quote whole
     ],
 )
 def test_a_timeout_header_that_is_not_a_positive_number_is_refused(given: str, shown: str) -> None:
-    request = _headers_request({routes.TIMEOUT_HEADER: given})
+    request = _headers_request({inference.TIMEOUT_HEADER: given})
     with pytest.raises(RequestError) as err:
-        routes._deadline(request, 100.0, 5.0)
+        inference._deadline(request, 100.0, 5.0)
     assert (status_of(err.value.type), err.value.type) == (400, "invalid_header")
     assert err.value.message == (
-        f"{routes.TIMEOUT_HEADER} must be a positive number of seconds, not {shown}"
+        f"{inference.TIMEOUT_HEADER} must be a positive number of seconds, not {shown}"
     )

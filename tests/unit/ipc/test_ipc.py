@@ -24,7 +24,6 @@ from rnnserve.service.config import Settings
 from rnnserve.service.engine.runtime import ModelRuntime
 from rnnserve.service.http.app import create_app
 from rnnserve.service.interface import (
-    REQUEST_ID,
     BatcherClosed,
     EngineUnavailable,
     FlatSequences,
@@ -32,8 +31,8 @@ from rnnserve.service.interface import (
     QueueFull,
     StreamingUnavailable,
     UnknownModel,
-    mark_logged,
-    was_logged,
+    current_request,
+    open_request,
 )
 from rnnserve.service.ipc.engine_side import EngineServer
 from rnnserve.service.ipc.frames import (
@@ -124,24 +123,22 @@ def test_progress_round_trips() -> None:
     ],
 )
 def test_errors_come_back_as_the_same_exception(exc: Exception) -> None:
-    again = frame_error(roundtrip(error_frame(5, exc)))
+    again = frame_error(roundtrip(error_frame(5, exc, logged=False)))
     assert type(again) is type(exc)
     assert str(again) == str(exc)
 
 
 def test_other_errors_come_back_as_engine_errors() -> None:
-    again = frame_error(roundtrip(error_frame(5, ZeroDivisionError("boom"))))
+    frame = roundtrip(error_frame(5, ZeroDivisionError("boom"), logged=False))
+    again = frame_error(frame)
     assert isinstance(again, EngineError)
     assert "ZeroDivisionError: boom" in str(again)
-    assert not was_logged(again)
+    assert frame.flags == 0
 
 
-def test_an_error_the_engine_logged_comes_back_marked_as_logged() -> None:
-    exc = ZeroDivisionError("boom")
-    mark_logged(exc)
-    frame = roundtrip(error_frame(5, exc))
+def test_an_error_the_engine_logged_is_flagged_as_logged() -> None:
+    frame = roundtrip(error_frame(5, ZeroDivisionError("boom"), logged=True))
     assert frame.flags == 1
-    assert was_logged(frame_error(frame))  # the worker does not log it a second time
 
 
 @pytest.mark.parametrize("request_id", ["abc-123", None])
@@ -172,12 +169,19 @@ class FakeRuntime:
         self.gate = asyncio.Event()
         self.gate.set()
         self.started: list[int] = []  # rows of each call that started
-        self.request_ids: list[str | None] = []  # REQUEST_ID as each call saw it
+        self.request_ids: list[str] = []  # the request id as each call saw it
         self.cancelled = 0
         self.closed_streams = 0
         self.fail: Exception | None = None
+        self.log_failures = False
 
     async def start(self) -> None: ...
+
+    def _note_request(self) -> None:
+        request = current_request()
+        assert request is not None  # the engine opens one per call
+        self.request_ids.append(request.request_id)
+        request.failure_logged = self.log_failures  # as a batcher notes what it logged
 
     async def stop(self) -> None: ...
 
@@ -189,7 +193,7 @@ class FakeRuntime:
     async def infer(self, name: str, sequences: FlatSequences) -> FlatSequences:
         self.get(name)
         self.started.append(sequences.total)
-        self.request_ids.append(REQUEST_ID.get())
+        self._note_request()
         if self.fail is not None:
             raise self.fail
         try:
@@ -201,7 +205,7 @@ class FakeRuntime:
 
     async def open_stream(self, name: str, sequences: FlatSequences) -> AsyncIterator[list[Piece]]:
         self.get(name)
-        self.request_ids.append(REQUEST_ID.get())
+        self._note_request()
         if self.fail is not None:
             raise self.fail
         return self._chunks(sequences)
@@ -343,7 +347,8 @@ async def test_the_engine_sees_each_calls_http_request_id(tmp_path: Path) -> Non
     fake = FakeRuntime()
 
     async def call(request_id: str | None, stream: bool) -> None:
-        REQUEST_ID.set(request_id)  # as the routes set it, in this task's own context
+        if request_id is not None:  # as the HTTP layer opens one, in this task's own context
+            open_request(request_id)
         if stream:
             async for _ in await remote.open_stream("m", flat(3)):
                 pass
@@ -352,7 +357,22 @@ async def test_the_engine_sees_each_calls_http_request_id(tmp_path: Path) -> Non
 
     async with engine(tmp_path, fake) as (_, remote):
         await asyncio.gather(call("req-a", False), call(None, False), call("req-s", True))
-    assert sorted(map(str, fake.request_ids)) == ["None", "req-a", "req-s"]
+    assert sorted(fake.request_ids) == ["-", "req-a", "req-s"]
+
+
+@pytest.mark.parametrize("logged", [True, False])
+async def test_the_worker_learns_whether_the_engine_logged_a_failure(
+    tmp_path: Path, logged: bool
+) -> None:
+    fake = FakeRuntime()
+    fake.fail, fake.log_failures = RuntimeError("the model broke"), logged
+    async with engine(tmp_path, fake) as (_, remote):
+        for stream in (False, True):
+            request = open_request("req-x")
+            call = remote.open_stream if stream else remote.infer
+            with pytest.raises(EngineError):
+                await call("m", flat(3))
+            assert request.failure_logged is logged  # so the HTTP layer logs it only if not
 
 
 async def test_engine_gone_fails_calls_and_later_ones_at_once(tmp_path: Path) -> None:

@@ -1,0 +1,412 @@
+"""One inference request through the HTTP layer, step by step: admit, read, decode, choose the
+model, run, respond; and what each failure is answered with."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import os
+import random
+import re
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import Gauge
+
+from rnnserve.service import endpoints
+from rnnserve.service.codec import bodies
+from rnnserve.service.codec.threads import CodecPool
+from rnnserve.service.config import Settings
+from rnnserve.service.endpoints import INFER, ROLLOUT, Endpoint
+from rnnserve.service.http import defaults, errors
+from rnnserve.service.http.auth import Held, budget_of, read_body
+from rnnserve.service.http.responses import BuffersResponse, error_response
+from rnnserve.service.http.streaming import NDJSON, disconnected, ndjson
+from rnnserve.service.http.validation import SCHEMAS, parse_body, to_arrays
+from rnnserve.service.interface import (
+    BatcherClosed,
+    EngineUnavailable,
+    Limits,
+    NonFiniteInput,
+    QueueFull,
+    RequestContext,
+    RequestError,
+    Runtime,
+    ServedInfo,
+    StreamingUnavailable,
+    UnknownModel,
+    is_out_of_memory,
+    open_request,
+)
+from rnnserve.service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+A = TypeVar("A")
+
+REQUEST_ID_HEADER = "X-Request-Id"
+TIMEOUT_HEADER = "X-Request-Timeout"
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+class DeadlineExceeded(Exception):
+    """The request's deadline passed before its answer was ready."""
+
+
+def _json_bytes(outputs: Any) -> int:
+    """About the size of ``outputs`` written as JSON (12 bytes a number, the usual float32)."""
+    data = getattr(outputs, "data", None)
+    count = data.size if data is not None else sum(int(a.size) for a in outputs)
+    return 12 * int(count)
+
+
+def _request_id(request: Request) -> str:
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given is not None and _REQUEST_ID.fullmatch(given):
+        return given
+    return f"{_ID_PREFIX}{_ID_BITS.getrandbits(64):016x}"
+
+
+# request ids: 64 random bits per process, then 64 more per request from a generator seeded by
+# the system (32 hex digits as uuid4().hex; no system call per request, and no counter that
+# would tell clients how many requests the server takes). Ids, not secrets.
+_ID_PREFIX = os.urandom(8).hex()
+_ID_BITS = random.Random()
+
+
+def _default_model(state: Any, kind: str) -> str:
+    """The model a request of ``kind`` without ``model`` gets; resolved once per app (the
+    served models and settings do not change once it is ready)."""
+    try:
+        chosen: dict[str, str] = state.default_models
+    except AttributeError:
+        chosen = state.default_models = {}
+    name = chosen.get(kind)
+    if name is None:  # an ambiguous default raises the client's error every time
+        name = chosen[kind] = defaults.resolve(state.runtime.models, kind, state.settings)
+    return name
+
+
+def _deadline(request: Request, started: float, default_s: float) -> float:
+    """When the request's answer is due (``time.perf_counter`` clock; ``inf``: never)."""
+    timeout = default_s if default_s > 0 else math.inf
+    given = request.headers.get(TIMEOUT_HEADER)
+    if given is not None:
+        try:
+            asked = float(given)
+        except ValueError:
+            asked = math.nan
+        if not asked > 0:  # also NaN
+            raise RequestError(
+                "invalid_header",
+                f"{TIMEOUT_HEADER} must be a positive number of seconds, not {given[:32]!r}",
+            )  # fmt: skip
+        timeout = min(timeout, asked)
+    return started + timeout
+
+
+@dataclass
+class _Call:
+    """One inference request as it goes through the steps of :func:`serve_request`."""
+
+    request: Request
+    endpoint: Endpoint
+    path_model: str | None
+    gauge: Gauge
+    started: float = field(default_factory=time.perf_counter)
+    context: RequestContext = field(default_factory=lambda: RequestContext("-"))
+    headers: dict[str, str] = field(default_factory=dict)
+    held: Held = field(default_factory=Held)
+    deadline: float = math.inf
+    model_label: str = "unknown"  # the default model, until the body or path names one
+    code: int = 500
+    where: tuple[str, ...] = ("model",)  # where the request named its model
+    running: bool = False  # the model has the request
+    streamed: bool = False  # a stream's own finally accounts for it
+    sequences: Any = None
+
+    @property
+    def rid(self) -> str:
+        return self.context.request_id
+
+    @property
+    def state(self) -> Any:
+        return self.request.app.state
+
+    @property
+    def metrics(self) -> Metrics:
+        metrics: Metrics = self.state.metrics
+        return metrics
+
+
+def _begin(request: Request, endpoint: Endpoint, path_model: str | None) -> _Call:
+    metrics: Metrics = request.app.state.metrics
+    gauge = metrics.child(metrics.in_flight, endpoint.label)
+    gauge.inc()
+    call = _Call(request, endpoint, path_model, gauge, model_label=endpoint.kind or "unknown")
+    # this request's task and those it starts: the batchers log its failure with the id
+    call.context = open_request(_request_id(request))
+    call.headers[REQUEST_ID_HEADER] = call.rid
+    return call
+
+
+async def serve_request(
+    request: Request, endpoint: Endpoint, *, path_model: str | None = None
+) -> Response:
+    """Answer one inference request: admit, read, decode, choose the model, run, respond.
+
+    ``path_model``: the model named in the path (``INFER``); the other endpoints serve the
+    default model of their kind unless the body names one."""
+    call = _begin(request, endpoint, path_model)
+    try:
+        _admit(call)
+        body = await _read(call)
+        parsed = await _decode(call, body)
+        name, served = _choose_model(call, parsed.model)
+        call.sequences = await _arrays(call, body, parsed, name, served)
+        return await _run(call, name)
+    except (ClientGone, DeadlineExceeded, RequestError) as exc:
+        return _refuse(call, exc)
+    except Exception as exc:
+        mapped = _as_request_error(exc, call)
+        return _refuse(call, mapped) if mapped is not None else _internal(call, exc)
+    finally:
+        _account(call)
+
+
+def _admit(call: _Call) -> None:
+    if not call.state.ready:
+        raise RequestError("not_ready", "the server is starting or shutting down")
+    call.deadline = _deadline(call.request, call.started, call.state.settings.request_timeout_s)
+
+
+async def _read(call: _Call) -> bytes:
+    settings: Settings = call.state.settings
+    return await read_body(
+        call.request, settings.max_request_bytes, settings.body_timeout_s, call.held
+    )
+
+
+@dataclass
+class _Parsed:
+    """A body read: the model it names, and its sequences still to check against the model
+    (``decoded``: the fast path's; else ``lists``, the precise parser's)."""
+
+    model: str | None
+    decoded: bodies.Decoded | None
+    lists: Any = None
+
+
+def _limits(settings: Settings) -> Limits:
+    return Limits(
+        settings.max_sequences_per_request,
+        settings.max_sequence_length,
+        settings.max_request_timesteps,
+    )
+
+
+async def _decode(call: _Call, body: bytes) -> _Parsed:
+    codec: CodecPool = call.state.codec  # create_app's, closed by its lifespan
+    ctype = call.request.headers.get("content-type")
+    field = call.endpoint.input_field
+    # safetensors bodies are read in place, in far less than a hand-off to a thread costs
+    json_bytes = 0 if bodies.is_safetensors(ctype) else len(body)
+    settings: Settings = call.state.settings
+    limits = _limits(settings)
+    if json_bytes and settings.json_reader == "precise":
+        decoded = None
+    else:
+        decoded = await codec.run(json_bytes, bodies.decode, body, ctype, field, limits)
+    if decoded is not None:
+        return _Parsed(decoded.model, decoded)
+    # off the JSON fast path: the precise parser says what is wrong
+    schema = SCHEMAS[call.endpoint][0]
+    name, lists = await codec.run(len(body), parse_body, body, schema, field)
+    return _Parsed(name, None, lists)
+
+
+def _choose_model(call: _Call, name: str | None) -> tuple[str, ServedInfo]:
+    """The model named in the path or the body, else the endpoint's default; of the right
+    kind for the endpoint."""
+    if call.path_model is not None:
+        if name is not None and name != call.path_model:
+            raise RequestError(
+                "invalid_request",
+                f"the body names model '{name[:64]}' but the path names "
+                f"'{call.path_model[:64]}'; leave 'model' out of the body",
+                ("model",),
+            )
+        name, call.where = call.path_model, ("path", "name")
+    kind = call.endpoint.kind
+    if not name and kind is not None:  # the only one of its kind, or the configured one
+        name = _default_model(call.state, kind)
+    name = name or ""
+    runtime: Runtime = call.state.runtime
+    served = runtime.get(name)
+    call.model_label = name
+    if kind is not None and served.kind != kind:
+        native = endpoints.native(served.kind)
+        other = native.path if native is not None else INFER.path.replace("{name}", name)
+        raise RequestError(
+            "wrong_model_kind",
+            f"model '{name}' is a {served.kind} model; send it to POST {other}",
+            ("model",),
+        )
+    return name, served
+
+
+async def _arrays(call: _Call, body: bytes, parsed: _Parsed, name: str, served: ServedInfo) -> Any:
+    """The sequences, checked against the limits and the model's width."""
+    if parsed.decoded is not None:
+        return parsed.decoded.sequences(served.input_dim, name)
+    codec: CodecPool = call.state.codec
+    limits = _limits(call.state.settings)
+    field = call.endpoint.input_field
+    return await codec.run(
+        len(body), to_arrays, parsed.lists, field, served.input_dim, limits, name
+    )
+
+
+async def _run(call: _Call, name: str) -> Response:
+    if time.perf_counter() >= call.deadline:  # reading and parsing took it all: never queued
+        raise DeadlineExceeded
+    runtime: Runtime = call.state.runtime
+    call.running = True
+    if call.endpoint is ROLLOUT and NDJSON in call.request.headers.get("accept", ""):
+        return await _stream(call, name)
+    work = runtime.infer(name, call.sequences)
+    outputs = await _unless_disconnected(call.request, work, call.deadline)
+    call.code = 200
+    return await _respond(call, name, outputs)
+
+
+async def _stream(call: _Call, name: str) -> Response:
+    runtime: Runtime = call.state.runtime
+    pieces = await runtime.open_stream(name, call.sequences)
+    call.code = 200
+    call.streamed = True  # the stream's own finally accounts for it
+    stream = ndjson(
+        call.request, name, pieces, call.gauge, call.metrics, call.endpoint.label,
+        call.model_label, call.started, call.deadline,
+    )  # fmt: skip
+    return StreamingResponse(stream, media_type=NDJSON, headers=call.headers)
+
+
+async def _respond(call: _Call, name: str, outputs: Any) -> Response:
+    out_field = call.endpoint.output_field
+    if bodies.wants_safetensors(call.request.headers.get("accept")):
+        parts = bodies.encode_parts(name, out_field, outputs)
+        response: Response = BuffersResponse(parts, media_type=bodies.SAFETENSORS)
+        response.headers.update(call.headers)
+        return response
+    codec: CodecPool = call.state.codec
+    answer = await codec.run(
+        _json_bytes(outputs), functools.partial(bodies.encode, view=True),
+        name, out_field, outputs, False,
+    )  # fmt: skip
+    return Response(answer, media_type=bodies.JSON, headers=call.headers)
+
+
+# what the runtime raises, as the client's error type; True: located where the model was named
+_RUNTIME_ERRORS: dict[type[Exception], tuple[str, bool]] = {
+    UnknownModel: ("unknown_model", True),
+    StreamingUnavailable: ("cannot_stream", True),
+    QueueFull: ("queue_full", False),
+    BatcherClosed: ("shutting_down", False),
+    EngineUnavailable: ("engine_unavailable", False),  # several workers: the engine has gone
+}
+
+
+def _as_request_error(exc: Exception, call: _Call) -> RequestError | None:
+    """The client's error for what the runtime or the model raised; ``None``: a failure."""
+    for cls, (kind, located) in _RUNTIME_ERRORS.items():
+        if isinstance(exc, cls):
+            if kind == "unknown_model":
+                call.model_label = "unknown"  # not the client's text: labels stay few
+            return RequestError(kind, str(exc), call.where if located else ())
+    if isinstance(exc, NonFiniteInput):  # found by the engine, which has no body: say where
+        return bodies.non_finite_error(call.sequences, call.endpoint.input_field)
+    if call.running and is_out_of_memory(exc):
+        # it failed alone (the batch was split down to it): the device is too full now
+        return RequestError(
+            "out_of_memory", f"the model ran out of memory on this request ({call.rid})"
+        )
+    return None
+
+
+def _refuse(call: _Call, exc: ClientGone | DeadlineExceeded | RequestError) -> Response:
+    label = call.endpoint.label
+    if isinstance(exc, ClientGone):
+        call.code = 499  # nginx's "client closed request": nobody reads this answer
+        call.metrics.cancelled.labels(label).inc()
+        return Response(status_code=call.code, headers=call.headers)
+    if isinstance(exc, DeadlineExceeded):
+        call.metrics.expired.labels(label).inc()
+        waited = time.perf_counter() - call.started
+        exc = RequestError(
+            "deadline_exceeded",
+            f"the request's deadline passed after {waited:.3f} s; it was dropped",
+        )
+    else:
+        call.metrics.rejected.labels(label, errors.public_type(exc.type)).inc()
+    call.code = errors.status(exc.type)
+    return error_response(exc, call.headers)
+
+
+def _internal(call: _Call, exc: Exception) -> Response:
+    if not call.context.failure_logged:  # a batcher logs a model's failure once, with the ids
+        log.exception("%s failed (request %s)", call.endpoint.label, call.rid)
+    call.code = 500
+    failure = RequestError(
+        "internal", f"internal server error; see the server log (request {call.rid})"
+    )
+    return error_response(failure, call.headers)
+
+
+def _account(call: _Call) -> None:
+    # a streamed rollout's bytes are given back once it is queued (its copy is the scheduler's)
+    budget_of(call.request).give(call.held.n)
+    if not call.streamed:
+        call.gauge.dec()
+        metrics = call.metrics
+        labels = (call.endpoint.label, call.model_label, str(call.code))
+        metrics.child(metrics.request_duration, *labels).observe(time.perf_counter() - call.started)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[A], deadline: float) -> A:
+    """Await ``work``; if the client disconnects first, cancel it (it leaves the queue or the
+    running batch) and raise :class:`ClientGone`; if the deadline passes first, cancel it
+    likewise and raise :class:`DeadlineExceeded`."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected(request))
+    woken = loop.create_future()  # asyncio.wait's job, without its sets and bookkeeping
+
+    def wake(_: object = None) -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    task.add_done_callback(wake)
+    watcher.add_done_callback(wake)
+    left = deadline - time.perf_counter()
+    timer = None if math.isinf(left) else loop.call_later(max(left, 0.0), wake)
+    try:
+        await woken
+    finally:
+        watcher.cancel()
+        task.remove_done_callback(wake)
+        if timer is not None:
+            timer.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise ClientGone if watcher.done() and not watcher.cancelled() else DeadlineExceeded
