@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rnnserve.service.interface import RequestError
+from rnnserve.service.interface import RequestError, quote
 
 
 @dataclass(frozen=True)
@@ -105,19 +105,31 @@ def types_of(code: int) -> list[str]:
     return sorted(t for t, kind in CATALOGUE.items() if kind.status == code)
 
 
+def describe_status(code: int) -> str:
+    """What an error status means: its titles, then each ``type`` that comes with it and what
+    it means (a Markdown list, as OpenAPI descriptions are)."""
+    titles = dict.fromkeys(k.title for k in CATALOGUE.values() if k.status == code)
+    kinds = [f"- `{t}`: {CATALOGUE[t].description}" for t in types_of(code)]
+    return "; ".join(titles) + ". The body's `type` says which:\n\n" + "\n".join(kinds)
+
+
 def openapi_responses(codes: tuple[int, ...], model: Any) -> dict[int | str, dict[str, Any]]:
-    """The FastAPI ``responses`` of a route that can answer ``codes``: each status's titles
-    and the ``type`` values that come with it."""
-    out: dict[int | str, dict[str, Any]] = {}
-    for code in codes:
-        titles = dict.fromkeys(k.title for k in CATALOGUE.values() if k.status == code)
-        text = "; ".join(titles) + " (type: " + ", ".join(types_of(code)) + ")"
-        out[code] = {"model": model, "description": text}
-    return out
+    """The FastAPI ``responses`` of a route that can answer ``codes``."""
+    return {code: {"model": model, "description": describe_status(code)} for code in codes}
+
+
+# the longest ``detail`` sent: messages are a sentence; anything longer repeats a client's text
+DETAIL_CHARS = 512
 
 
 def body(exc: RequestError) -> dict[str, Any]:
-    """The JSON error body, with the documented ``type``."""
+    """The JSON error body, with the documented ``type``.
+
+    Each layer quotes the client's text in short (:func:`~rnnserve.service.interface.quote`);
+    here every ``loc`` name and the ``detail`` are bounded once more, so that no error body
+    grows with what the client sent, whichever layer raised it."""
     err = exc.body()
     err["type"] = public_type(exc.type)
+    err["detail"] = quote(err["detail"], DETAIL_CHARS)
+    err["loc"] = [quote(p) if isinstance(p, str) else p for p in err["loc"]]
     return err

@@ -200,13 +200,11 @@ def _without_security(schema: dict[str, Any]) -> None:
 
 
 def _error_descriptions(op: dict[str, Any]) -> None:
-    """Each error response says which ``type`` values come with its status."""
+    """Each error response, FastAPI's own too, says which ``type`` values come with its status
+    and what each means."""
     for status, response in op.get("responses", {}).items():
-        if not status.isdigit() or int(status) < 400:
-            continue
-        types = errors.types_of(int(status))
-        if types and "type:" not in response.get("description", ""):
-            response["description"] += " (type: " + ", ".join(types) + ")"
+        if status.isdigit() and int(status) >= 400 and errors.types_of(int(status)):
+            response["description"] = errors.describe_status(int(status))
 
 
 def _example(m: ServedInfo) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from rnnserve.service.config import Settings, package_version, unknown_environme
 from rnnserve.service.engine.runtime import StartupError
 from rnnserve.service.http import defaults, openapi
 from rnnserve.service.http.app import create_app
-from rnnserve.service.http.errors import ERROR_TYPES
+from rnnserve.service.http.errors import CATALOGUE, ERROR_TYPES
 from rnnserve.service.http.errors import status as status_of
 from rnnserve.service.interface import RequestError
 from rnnserve.service.logs import THIRD_PARTY, configure_logging, model_line
@@ -112,7 +112,8 @@ def test_media_types_tags_and_every_error_type() -> None:
     # docs/API.md's table against the same catalogue)
     responses = paths["/smooth"]["post"]["responses"]
     for kind, status in openapi.ERROR_STATUS.items():
-        assert kind in responses[str(status)]["description"], kind
+        entry = f"- `{kind}`: {CATALOGUE[kind].description}"
+        assert entry in responses[str(status)]["description"].splitlines(), kind
 
 
 def test_descriptions_are_plain_text() -> None:
