@@ -193,6 +193,17 @@ class EngineUnavailable(ConnectionError):
     """The engine process is not reachable (it died, or the worker is shutting down)."""
 
 
+QUOTE_CHARS = 64  # the most of a client's text an error message repeats
+
+
+def quote(text: object, limit: int = QUOTE_CHARS) -> str:
+    """``text`` (a name, key or value the client sent) as an error may repeat it: whole when it
+    is at most ``limit`` characters, else its first ``limit`` and an ellipsis. An error answer
+    then stays small whatever the client sent, and never echoes its input back."""
+    text = text if isinstance(text, str) else str(text)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 @dataclass
 class RequestError(Exception):
     """A client error: machine-readable ``type``, a message and a location.

@@ -33,7 +33,7 @@ import orjson
 
 from rnnserve.service.codec import json_writer
 from rnnserve.service.codec.intrinsics import load8, trailing_zeros
-from rnnserve.service.interface import FlatSequences, Limits, RequestError
+from rnnserve.service.interface import FlatSequences, Limits, RequestError, quote
 
 SAFETENSORS = "application/x-safetensors"
 JSON = "application/json"
@@ -919,11 +919,13 @@ def _read_header(body: bytes) -> tuple[dict[str, Any], dict[str, str], int]:
             and all(type(d) is int for d in entry["data_offsets"])
         )
         if not ok:
-            raise _not_safetensors(f"tensor '{name}' has no valid dtype, shape and data_offsets")
+            raise _not_safetensors(
+                f"tensor '{quote(name)}' has no valid dtype, shape and data_offsets"
+            )
         begin, end = entry["data_offsets"]
         nbytes = int(np.prod(entry["shape"], dtype=object)) * _ITEMSIZE[entry["dtype"]]
         if not 0 <= begin <= end <= data_len or end - begin != nbytes:
-            raise _not_safetensors(f"tensor '{name}' does not fit its data_offsets")
+            raise _not_safetensors(f"tensor '{quote(name)}' does not fit its data_offsets")
     return header, meta, start
 
 
@@ -941,7 +943,7 @@ def _tensor(
     if len(shape) != ndim:
         want = "[sum of lengths, features]" if ndim == 2 else "[sequences]"
         raise RequestError(
-            "wrong_shape", f"tensor '{name}' must be {ndim}-D {want}, not {shape}", (name,)
+            "wrong_shape", f"tensor '{name}' must be {ndim}-D {want}, not {quote(shape)}", (name,)
         )
     begin, end = entry["data_offsets"]
     arr = np.frombuffer(body, _DTYPES[dtype], (end - begin) // _DTYPES[dtype].itemsize,
@@ -958,7 +960,8 @@ def _decode_safetensors(body: bytes, field: str, limits: Limits) -> Decoded:
         if name not in (field, "lengths"):
             raise RequestError(
                 "unknown_field",
-                f"unknown tensor '{name}' (expected '{field}' and 'lengths')", (name,),
+                f"unknown tensor '{quote(name)}' (expected '{field}' and 'lengths')",
+                (quote(name),),
             )  # fmt: skip
     data = _tensor(body, header, start, field, "F32", 2)
     lengths = _tensor(body, header, start, "lengths", "I64", 1)

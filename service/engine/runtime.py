@@ -43,6 +43,7 @@ from rnnserve.service.interface import (
     StreamingUnavailable,
     UnknownModel,
     is_out_of_memory,
+    quote,
 )
 from rnnserve.service.metrics import Metrics
 
@@ -320,7 +321,7 @@ class ModelRuntime:
             return self.models[name]
         except KeyError:
             known = ", ".join(sorted(self.models)) or "none"
-            raise UnknownModel(f"no model named '{name}' (served: {known})") from None
+            raise UnknownModel(f"no model named '{quote(name)}' (served: {known})") from None
 
     def stream(self, name: str, sequences: Item) -> AsyncIterator[list[Piece]]:
         """Roll ``sequences`` out through Traveller ``name``, yielding output chunk by chunk.

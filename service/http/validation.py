@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rnnserve.service.codec import bodies
 from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, Endpoint
-from rnnserve.service.interface import Limits, RequestError
+from rnnserve.service.interface import Limits, RequestError, quote
 
 # Strict: no strings or booleans posing as numbers; NaN and Infinity literals are refused.
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -93,7 +93,8 @@ def parse_body(body: bytes, schema: type[BaseModel], field: str) -> tuple[str | 
 
 def _from_pydantic(exc: pydantic.ValidationError, field: str) -> RequestError:
     err = exc.errors(include_url=False, include_input=False, include_context=False)[0]
-    loc = tuple(err["loc"])
+    # a key of the body's (an unknown field) is the client's text: quoted in short
+    loc = tuple(quote(p) if isinstance(p, str) else p for p in err["loc"])
     kind = err["type"]
     if kind == "json_invalid":
         msg = str(err["msg"])

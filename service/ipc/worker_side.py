@@ -20,6 +20,7 @@ from rnnserve.service.interface import (
     RequestContext,
     UnknownModel,
     current_request,
+    quote,
 )
 from rnnserve.service.ipc.frames import (
     LOGGED,
@@ -213,7 +214,7 @@ class RemoteRuntime:
             return self._models[name]
         except KeyError:
             known = ", ".join(sorted(self._models)) or "none"
-            raise UnknownModel(f"no model named '{name}' (served: {known})") from None
+            raise UnknownModel(f"no model named '{quote(name)}' (served: {known})") from None
 
     async def infer(self, name: str, sequences: FlatSequences) -> FlatSequences:
         """Run ``sequences`` through model ``name`` in the engine; cancelling cancels it there."""
