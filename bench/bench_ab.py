@@ -2,8 +2,11 @@
 
 Each side is a command that starts rnnserve (``--port`` is added) with an optional ``PYTHONPATH``
 (another checkout's folder); both run on this machine, one at a time, in alternating rounds so
-that drift in the machine's speed falls on both. Per workload: each side's median requests/s and
-p99 over the rounds, and B's requests/s over A's.
+that drift in the machine's speed falls on both. Per workload: each side's median requests/s,
+p99 and server CPU time per answered request over the rounds, and B's over A's. The CPU time
+(the server process's user + system time, from ``/proc``) moves much less than throughput when
+other work shares the machine, so it tells a small regression from noise where requests/s
+cannot.
 
 Run: ``.venv/bin/python -m bench.bench_ab --a-command "rnnserve-old" --a-path /tmp/old
 --b-command .venv/bin/rnnserve`` (workloads and formats as ``bench/load.py`` names them).
@@ -22,7 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.load import WORKLOADS, closed_loop, make_bodies
+from bench.load import closed_loop
+from bench.load_workloads import WORKLOADS, make_bodies
 from tests.e2e.server import free_port
 
 
@@ -64,10 +68,17 @@ def start(side: Side, timeout_s: float = 120.0) -> tuple[subprocess.Popen[bytes]
     raise RuntimeError(f"{side.name} did not become ready")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def one_round(
     side: Side, workloads: list[str], clients: int, seconds: float
-) -> dict[str, tuple[float, float]]:
-    """Start ``side``, warm it, load each workload; requests/s and p99 (ms) per workload."""
+) -> dict[str, tuple[float, float, float]]:
+    """Start ``side``, warm it, load each workload; requests/s, p99 (ms) and server CPU ms per
+    answered request, per workload."""
     proc, url = start(side)
     try:
         out = {}
@@ -75,10 +86,12 @@ def one_round(
             workload = WORKLOADS[name]
             bodies = make_bodies(workload, 64)
             asyncio.run(closed_loop(url, workload, bodies, clients=clients, seconds=1.0))
+            cpu = cpu_seconds(proc.pid)
             r = asyncio.run(closed_loop(url, workload, bodies, clients=clients, seconds=seconds))
+            cpu = cpu_seconds(proc.pid) - cpu
             if r.errors:
                 raise RuntimeError(f"{side.name} answered errors on {name}: {r.errors}")
-            out[name] = (r.requests_per_s, r.p(99) * 1e3)
+            out[name] = (r.requests_per_s, r.p(99) * 1e3, 1e3 * cpu / max(r.ok, 1))
         return out
     finally:
         proc.terminate()
@@ -100,20 +113,19 @@ def main(argv: list[str] | None = None) -> int:
         Side("A", absolute(args.a_command.split()), args.a_path),
         Side("B", absolute(args.b_command.split()), args.b_path),
     ]
-    runs: dict[str, dict[str, list[tuple[float, float]]]] = {s.name: {} for s in sides}
+    runs: dict[str, dict[str, list[tuple[float, float, float]]]] = {s.name: {} for s in sides}
     for i in range(args.rounds):
         for side in sides if i % 2 == 0 else sides[::-1]:
             for name, value in one_round(side, args.workloads, args.clients, args.seconds).items():
                 runs[side.name].setdefault(name, []).append(value)
-    print("| workload | A requests/s | B requests/s | B/A | A p99 ms | B p99 ms |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| workload | A requests/s | B requests/s | B/A | A p99 ms | B p99 ms "
+          "| A CPU ms/req | B CPU ms/req | B/A CPU |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.workloads:
-        a = [r for r, _ in runs["A"][name]]
-        b = [r for r, _ in runs["B"][name]]
-        a99 = statistics.median(p for _, p in runs["A"][name])
-        b99 = statistics.median(p for _, p in runs["B"][name])
-        ra, rb = statistics.median(a), statistics.median(b)
-        print(f"| {name} | {ra:,.1f} | {rb:,.1f} | {rb / ra:.3f} | {a99:.1f} | {b99:.1f} |")
+        ra, a99, ca = (statistics.median(col) for col in zip(*runs["A"][name], strict=True))
+        rb, b99, cb = (statistics.median(col) for col in zip(*runs["B"][name], strict=True))
+        print(f"| {name} | {ra:,.1f} | {rb:,.1f} | {rb / ra:.3f} | {a99:.1f} | {b99:.1f} "
+              f"| {ca:.3f} | {cb:.3f} | {cb / ca:.3f} |")  # fmt: skip
     a_side = f"{args.a_command} {args.a_path or ''}"
     b_side = f"{args.b_command} {args.b_path or ''}"
     print(f"\n{args.rounds} rounds of {args.seconds:g} s, {args.clients} clients; A: {a_side}; "

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.load import WORKLOADS, Workload, closed_loop, make_bodies
+from bench.load import closed_loop
+from bench.load_workloads import WORKLOADS, Workload, make_bodies
 from bench.models_harness import DEFAULT_OUT, cpu_model, write_section
 from rnnserve.service.codec import bodies
 from rnnserve.service.config import Settings

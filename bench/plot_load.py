@@ -6,10 +6,10 @@ Usage::
 
 Reads the sweep data (default ``<out>/load_sweep.json``, as ``python -m bench.bench_load --sweep``
 writes it). When that file is missing, or with ``--measure``, it first measures the sweep itself
-(``bench.bench_load.sweep``: starts rnnserve and the naive baseline, finds each one's closed-loop
-capacity, then sends Poisson arrivals at fractions of it) and writes the file. Then it draws
-``load_<workload>.png`` into ``--out``. Drawing needs matplotlib (the ``bench`` extra); measuring
-does not, so CI's smoke tests never import it.
+(``bench.bench_load_sweep.sweep``: starts rnnserve and the naive baseline, finds each one's
+closed-loop capacity, then sends Poisson arrivals at fractions of it) and writes the file. Then it
+draws ``load_<workload>.png`` into ``--out``. Drawing needs matplotlib (the ``bench`` extra);
+measuring does not, so CI's smoke tests never import it.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data_path = args.data if args.data is not None else args.out / "load_sweep.json"
     if args.measure or not data_path.is_file():
-        from bench.bench_load import CLIENTS, SWEEP_FRACTIONS, sweep
+        from bench.bench_load import CLIENTS
+        from bench.bench_load_sweep import SWEEP_FRACTIONS, sweep
 
         seconds = args.seconds if args.seconds is not None else (1.0 if args.quick else 5.0)
         clients = args.clients if args.clients is not None else (8 if args.quick else CLIENTS)

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.load import WORKLOADS, closed_loop, make_bodies, open_loop
+from bench.load import closed_loop, open_loop
+from bench.load_workloads import WORKLOADS, make_bodies
 
 
 def process_tree(pid: int) -> list[int]:

@@ -10,14 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench_load
-from bench.load import (
-    BatchStats,
-    Format,
-    LoadResult,
-    process_cpu_seconds,
-    process_tree_cpu_seconds,
-)
+from bench import bench_load, bench_load_report, bench_load_servers
+from bench.load_cpu import process_cpu_seconds, process_tree_cpu_seconds
+from bench.load_results import BatchStats, LoadResult
+from bench.load_workloads import Format
 from tests.helpers import markdown_tables as _tables
 
 TICK = 1 / os.sysconf("SC_CLK_TCK")  # /proc's unit of CPU time
@@ -111,15 +107,15 @@ def _result(workload: str, rps: float, p99_ms: float) -> LoadResult:
 
 
 def _cell(
-    w: str, server: bench_load.ServerName, fmt: Format, rps: float, p99_ms: float
-) -> bench_load.Cell:
-    return bench_load.Cell(w, server, fmt, [_result(w, rps, p99_ms)])
+    w: str, server: bench_load_servers.ServerName, fmt: Format, rps: float, p99_ms: float
+) -> bench_load_report.Cell:
+    return bench_load_report.Cell(w, server, fmt, [_result(w, rps, p99_ms)])
 
 
-def _report() -> bench_load.Report:
+def _report() -> bench_load_report.Report:
     """Baseline 10/s (p99 6 s); rnnserve 200/s; --workers 2: 300/s json, 600/s binary."""
     cells = []
-    for w in bench_load.ORDER:
+    for w in bench_load_report.ORDER:
         cells += [
             _cell(w, "baseline", "json", 10, 6000),
             _cell(w, "rnnserve", "json", 200, 200),
@@ -129,27 +125,27 @@ def _report() -> bench_load.Report:
         ]
     for c in cells:
         c.server_cpu, c.client_cpu = [0.003], [0.001]
-    return bench_load.Report(cells, 64, 10.0, 1, False, binary=True, workers=2)
+    return bench_load_report.Report(cells, 64, 10.0, 1, False, binary=True, workers=2)
 
 
 def test_configs_put_the_workers_rows_after_the_single_process() -> None:
-    assert bench_load._configs(True, True) == [
+    assert bench_load_servers._configs(True, True) == [
         ("baseline", "json"),
         ("rnnserve", "json"),
         ("rnnserve", "binary"),
         ("workers", "json"),
         ("workers", "binary"),
     ]
-    assert bench_load._configs(False, True) == [
+    assert bench_load_servers._configs(False, True) == [
         ("baseline", "json"),
         ("rnnserve", "json"),
         ("workers", "json"),
     ]
-    assert bench_load._configs(False) == [("baseline", "json"), ("rnnserve", "json")]
+    assert bench_load_servers._configs(False) == [("baseline", "json"), ("rnnserve", "json")]
 
 
 def test_render_has_figures_and_targets_for_the_workers_rows() -> None:
-    text = bench_load.render(_report())
+    text = bench_load_report.render(_report())
     figures, targets = _tables(text)
     assert len(figures) == 2 + 3 * 5  # header, separator; 3 workloads x 5 (server, format)
     assert len(targets) == 2 + 3 * 4  # 3 workloads x 2 rnnserve configurations x 2 formats
@@ -184,13 +180,14 @@ def test_render_has_figures_and_targets_for_the_workers_rows() -> None:
     assert "(every process and thread; for `--workers 2`: the supervisor, the engine and the 2" in (
         text
     )
-    assert bench_load._met(_report(), "smooth", "json", "workers") is True
-    assert bench_load._met(_report(), "smooth", "json") is False  # default: the single process
+    assert bench_load_report._met(_report(), "smooth", "json", "workers") is True
+    # default: the single process
+    assert bench_load_report._met(_report(), "smooth", "json") is False
 
 
 def test_the_ceiling_of_a_workers_row_is_the_machine_not_one_event_loop() -> None:
     report = _report()
-    lines = bench_load._ceilings(report, "json", "workers")
+    lines = bench_load_report._ceilings(report, "json", "workers")
     # --workers 2, json: /smooth 30x met (no line); /rollout 30x met; /smooth 4,000 30x < 100x
     assert len(lines) == 1
     (line,) = lines
@@ -211,17 +208,17 @@ def test_the_ceiling_of_a_workers_row_is_the_machine_not_one_event_loop() -> Non
     cell = report.cell("smooth4000", "workers", "json")
     assert cell is not None
     cell.server_cpu, cell.client_cpu = [1e-5], [1e-5]
-    (roomy,) = bench_load._ceilings(report, "json", "workers")
+    (roomy,) = bench_load_report._ceilings(report, "json", "workers")
     assert roomy.endswith(allows)
     cell.server_cpu, cell.client_cpu = [0.003], [0.001]
     # the single process keeps its one-core cap where its event loop parses (bodies under
     # codec_offload_bytes, and binary ones); 4,000-step JSON is parsed on codec threads
-    single = bench_load._ceilings(report, "json")
+    single = bench_load_report._ceilings(report, "json")
     assert len(single) == 3  # 20x: misses all three targets
     assert ["One process runs its event loop" in s for s in single] == [True, True, False]
     assert "caps it at 333 requests/s = 33× the baseline" in single[0]
     assert "are read and written on codec threads beside the event loop" in single[2]
-    text = bench_load.render(report)
+    text = bench_load_report.render(report)
     assert text.count("HTTP workers together) used") == 2  # json and binary /smooth 4,000
     # json 20x misses all three; binary 40x meets /smooth's 25x and /rollout's 30x
     assert text.count("One process runs its event loop") == 2 + 1
@@ -229,14 +226,14 @@ def test_the_ceiling_of_a_workers_row_is_the_machine_not_one_event_loop() -> Non
     # no CPU figure (a server started outside the benchmark): no ceiling line
     for c in report.cells:
         c.server_cpu = [math.nan]
-    assert bench_load._ceilings(report, "json", "workers") == []
+    assert bench_load_report._ceilings(report, "json", "workers") == []
 
 
 def test_no_workers_rows_when_not_measured() -> None:
     report = _report()
     report.cells = [c for c in report.cells if c.server != "workers"]
     report.workers = 0
-    text = bench_load.render(report)
+    text = bench_load_report.render(report)
     assert "--workers" not in text
     assert "HTTP workers together" not in text
 
@@ -259,7 +256,7 @@ def test_command_line_refuses_one_worker_and_a_lone_workers_url(
         assert exc.value.code == 2
         assert "--workers" in capsys.readouterr().err
     assert not out.exists()
-    with pytest.raises(ValueError, match="at least 2"), bench_load.servers(workers=1):
+    with pytest.raises(ValueError, match="at least 2"), bench_load_servers.servers(workers=1):
         pass
     want = 2 if (os.cpu_count() or 1) >= 2 else 0
     assert want == bench_load.DEFAULT_WORKERS

@@ -20,22 +20,13 @@ from aiohttp import web
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from bench import bench_load
+from bench import bench_load, bench_load_report
 from bench.bench_models import write_section
-from bench.load import (
-    WORKLOADS,
-    BatchStats,
-    LoadResult,
-    Workload,
-    closed_loop,
-    loopback_url,
-    make_bodies,
-    open_loop,
-    percentile,
-    poisson_arrivals,
-    probe_binary,
-    process_cpu_seconds,
-)
+from bench.load import closed_loop, open_loop, poisson_arrivals, probe_binary
+from bench.load_client import loopback_url
+from bench.load_cpu import process_cpu_seconds
+from bench.load_results import BatchStats, LoadResult, percentile
+from bench.load_workloads import WORKLOADS, Workload, make_bodies
 from bench.naive_server import create_app, start_naive_server
 from tests.e2e.server import Server, free_port, stop
 from tests.helpers import markdown_tables as _tables
@@ -381,10 +372,12 @@ def test_bench_load_runs_against_real_servers(naive_process: Server, tmp_path: P
     out = tmp_path / "BENCH.md"
     out.write_text("# Benchmarks\n\nkept\n", encoding="utf-8")
     for _ in range(2):
-        write_section(out, bench_load.render(report), bench_load.BEGIN, bench_load.END)
+        write_section(
+            out, bench_load_report.render(report), bench_load_report.BEGIN, bench_load_report.END
+        )
     text = out.read_text(encoding="utf-8")
     assert "kept" in text
-    assert text.count(bench_load.BEGIN) == text.count(bench_load.END) == 1
+    assert text.count(bench_load_report.BEGIN) == text.count(bench_load_report.END) == 1
     assert "did not answer the binary format" in text
     assert "| `/smooth`, one sequence of 50–500 steps × 16 | default | json | **" in text
     assert "--workers" not in text  # none measured: no such rows, no such method text
@@ -405,7 +398,7 @@ def test_bench_load_measures_a_running_workers_server(naive_process: Server) -> 
     ]
     assert all(c.rps > 0 and not c.errors for c in report.cells)
     assert all(math.isnan(c.server_cpu_s) for c in report.cells)  # not started here: no pid
-    text = bench_load.render(report)
+    text = bench_load_report.render(report)
     assert "| rnnserve --workers 2, json | " in text
     assert "| `/smooth`, one sequence of 50–500 steps × 16 | `--workers 2` | json | **" in text
     with pytest.raises(ValueError, match="workers >= 2"):
@@ -430,15 +423,17 @@ def _result(workload: str, rps: float, p99_ms: float, batch: BatchStats | None) 
 def test_render_shows_figures_targets_and_plots() -> None:
     cells = []
     for w, base_rps, ours_rps in (("smooth", 10, 300), ("rollout", 5, 100), ("smooth4000", 2, 300)):
-        base = bench_load.Cell(w, "baseline", "json", [_result(w, base_rps, 6000, None)])
+        base = bench_load_report.Cell(w, "baseline", "json", [_result(w, base_rps, 6000, None)])
         batch = BatchStats(batches=10, requests=320, sequences=640)
-        ours = bench_load.Cell(w, "rnnserve", "json", [_result(w, ours_rps, 200, batch)] * 2)
-        fast = bench_load.Cell(w, "rnnserve", "binary", [_result(w, ours_rps * 2, 100, batch)])
+        ours = bench_load_report.Cell(w, "rnnserve", "json", [_result(w, ours_rps, 200, batch)] * 2)
+        fast = bench_load_report.Cell(
+            w, "rnnserve", "binary", [_result(w, ours_rps * 2, 100, batch)]
+        )
         cells += [base, ours, fast]
-    report = bench_load.Report(cells, 64, 10.0, 2, False, binary=True, baseline_threads=2)
-    text = bench_load.render(report, {"smooth": "img/load_smooth.png"})
-    assert text.startswith(bench_load.BEGIN)
-    assert text.rstrip().endswith(bench_load.END)
+    report = bench_load_report.Report(cells, 64, 10.0, 2, False, binary=True, baseline_threads=2)
+    text = bench_load_report.render(report, {"smooth": "img/load_smooth.png"})
+    assert text.startswith(bench_load_report.BEGIN)
+    assert text.rstrip().endswith(bench_load_report.END)
     rows = [ln for ln in text.splitlines() if ln.startswith("| `/")]
     assert len(rows) == 9 + 6  # figures: 3 workloads x 3; targets: 3 workloads x 2 formats
     assert "| naive FastAPI (baseline) | 10.0 | 1,000 | 6,000.0 |" in text
@@ -456,17 +451,19 @@ def test_render_shows_figures_targets_and_plots() -> None:
 
 
 def test_cpu_per_request_and_the_ceiling_it_sets_for_a_target_not_met() -> None:
-    base = bench_load.Cell("smooth4000", "baseline", "json", [_result("smooth4000", 4, 9000, None)])
-    ours = bench_load.Cell(
+    base = bench_load_report.Cell(
+        "smooth4000", "baseline", "json", [_result("smooth4000", 4, 9000, None)]
+    )
+    ours = bench_load_report.Cell(
         "smooth4000", "rnnserve", "json", [_result("smooth4000", 160, 500, None)]
     )
     ours.server_cpu, ours.client_cpu = [0.005, 0.004, 0.0045], [0.002, math.nan]
-    fast = bench_load.Cell(
+    fast = bench_load_report.Cell(
         "smooth4000", "rnnserve", "binary", [_result("smooth4000", 800, 50, None)]
     )
     fast.server_cpu, fast.client_cpu = [0.001], [0.0005]
-    report = bench_load.Report([base, ours, fast], 64, 10.0, 3, False, binary=True)
-    text = bench_load.render(report)
+    report = bench_load_report.Report([base, ours, fast], 64, 10.0, 3, False, binary=True)
+    text = bench_load_report.render(report)
     # medians, in ms: server 4.5, generator 2.0 (NaN runs left out); no figure for the baseline
     assert "| 500.0 | 0 | – | – | 4.50 | 2.00 |" in text
     assert "| 9,000.0 | 0 | – | – | – | – |" in text
@@ -526,5 +523,5 @@ def test_plots_are_drawn_from_sweep_data(tmp_path: Path) -> None:
     assert [p.name for p in paths] == ["load_smooth.png", "load_rollout.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    found = bench_load.existing_plots(tmp_path / "BENCHMARKS.md", tmp_path / "img")
+    found = bench_load_report.existing_plots(tmp_path / "BENCHMARKS.md", tmp_path / "img")
     assert found == {"smooth": "img/load_smooth.png", "rollout": "img/load_rollout.png"}
