@@ -883,7 +883,9 @@ _ITEMSIZE = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
     "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
 }  # fmt: skip
-_MAX_HEADER = 100_000_000
+# the most header bytes read: a request's header (two tensors, a model name) is a few hundred,
+# and a larger one would be parsed on the event loop, where safetensors bodies are read
+MAX_SAFETENSORS_HEADER = 64 * 1024
 
 
 def _not_safetensors(why: str) -> RequestError:
@@ -895,8 +897,12 @@ def _read_header(body: bytes) -> tuple[dict[str, Any], dict[str, str], int]:
     if len(body) < 8:
         raise _not_safetensors("shorter than its 8-byte header length")
     (size,) = struct.unpack_from("<Q", body)
-    if size > min(len(body) - 8, _MAX_HEADER):
+    if size > len(body) - 8:
         raise _not_safetensors(f"header length {size} is past the end of the body")
+    if size > MAX_SAFETENSORS_HEADER:
+        raise _not_safetensors(
+            f"its header of {size} bytes is over the limit of {MAX_SAFETENSORS_HEADER} bytes"
+        )
     try:
         header = orjson.loads(body[8 : 8 + size])
     except orjson.JSONDecodeError:

@@ -76,6 +76,10 @@ CASES: dict[str, tuple[str, dict[str, Any], int, str]] = {
         {"sequences": {"dtype": "F32", "shape": [1] * 15_000, "data_offsets": [0, 4]},
          "lengths": {"dtype": "I64", "shape": [1], "data_offsets": [4, 12]}},
         steps(1))}, 422, "wrong_shape"),
+    # refused for its size, before it is parsed
+    "safetensors-huge-header": ("/smooth", {"content": safetensors(
+        {"__metadata__": {"model": JSON_LONG}, **entries("sequences", 16)}, steps(16))}, 400,
+        "invalid_safetensors"),
 }  # fmt: skip
 
 
