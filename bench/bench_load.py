@@ -8,7 +8,8 @@ Usage::
 
 Servers on loopback, all up for the whole run: ``rnnserve`` with its default settings (one
 process), ``bench/naive_server.py`` (plain FastAPI, pydantic lists, FastAPI's JSON response, the
-seeds' model code per request and per sequence, rnnserve's weights) and, with ``--workers N``
+models as plain per-step loops per request and per sequence, rnnserve's weights) and, with
+``--workers N``
 (N >= 2; the default is 2 on a machine with 2 CPUs or more, ``--workers 0`` leaves it out),
 ``rnnserve --workers N``: a supervisor, one engine process running the models and N uvicorn HTTP
 worker processes (``service/cli.py``), in the rows labelled ``rnnserve --workers N``.

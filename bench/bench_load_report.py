@@ -257,7 +257,8 @@ def render(report: Report, plots: dict[str, str] | None = None) -> str:
         "rnnserve runs with its default settings (dynamic batching, one torch thread in its "
         f"model worker){workers}. The baseline, `bench/naive_server.py`, is what one writes "
         "without rnnserve: plain FastAPI, a pydantic body of `list[list[list[float]]]`, FastAPI's "
-        "default JSON response, and the seeds' model code run per request and per sequence (a "
+        "default JSON response, and the models as plain per-step loops run per request and per "
+        "sequence (a "
         "Python loop over steps for the smoother; `nn.LSTM` called once per step for the "
         f"Traveller) with rnnserve's weights, in FastAPI's thread pool with {threads}. Batch "
         "sizes are read from rnnserve's `/metrics` (the baseline has none).",

@@ -14,7 +14,7 @@ spread, in µs per time step, and as a ratio against a floor measured in the sam
 - Traveller: PyTorch's teacher-forced ``nn.LSTM`` (oneDNN on the CPU, cuDNN on CUDA) + output
   layer over the same padded batch, in one call (the bound: it skips the feedback, so it can run
   the whole sequence in one library call);
-- seed 003's GRU encoder (``examples/gru_encoder.py``: ``nn.GRU(6, 200, 2 layers)`` ->
+- the GRU encoder example (``examples/gru_encoder.py``: ``nn.GRU(6, 200, 2 layers)`` ->
   ``nn.Linear(200, 4)`` -> L2 norm per step), served as your own model: the user's plain module
   over the same padded batch in one call (the floor), against the served kinds on the packed
   batch (``recurrent``: the exported weights; ``torchscript``: the scripted packed-signature
@@ -123,10 +123,10 @@ EXPECTED_JAX_SMOOTHER = (0.74, 1.44)  # JAX lax.scan vs torch.tanh (B=256 T=200;
 
 # Early H200 figures of rnnserve as first built (ms per call; the shapes of CUDA_FULL)
 EXPECTED_H200_MS: dict[tuple[str, int, int], tuple[float, str]] = {
-    ("device-to-device copy (floor)", 64, 1000): (0.022, "copy of the same bytes"),
-    ("device-to-device copy (floor)", 256, 4000): (0.047, "copy of the same bytes"),
-    ('LinearRecursion, kernel "torch"', 64, 1000): (28.3, "torch loop over steps"),
-    ('LinearRecursion, kernel "torch"', 256, 4000): (160.0, "torch loop over steps"),
+    ("device-to-device copy (floor)", 64, 1000): (0.022, "a copy of the same bytes"),
+    ("device-to-device copy (floor)", 256, 4000): (0.047, "a copy of the same bytes"),
+    ('LinearRecursion, kernel "torch"', 64, 1000): (28.3, "a torch loop over steps"),
+    ('LinearRecursion, kernel "torch"', 256, 4000): (160.0, "a torch loop over steps"),
     ('LinearRecursion, kernel "triton"', 64, 1000): (0.39, "a naive Triton kernel"),
     ('LinearRecursion, kernel "triton"', 256, 4000): (2.27, "a naive Triton kernel"),
     ("JAX lax.associative_scan", 64, 1000): (0.19, "JAX associative_scan"),
@@ -163,7 +163,7 @@ def _expectations_cpu(res: Results, plan: Plan) -> list[str]:
             continue
         med = statistics.median(r.ratio for r in found)
         lines.append(
-            f"- `{name}`: MEASURED.md ~{expected:g}× the tanh floor; got "
+            f"- `{name}`: the reference figure ~{expected:g}× the tanh floor; got "
             f"{_ratios(sm, name)} — {_verdict(med, expected)} the lead."
         )
     lr = _ratios(sm, 'LinearRecursion, kernel "auto"')
@@ -171,7 +171,10 @@ def _expectations_cpu(res: Results, plan: Plan) -> list[str]:
         f'- Full `LinearRecursion` forward with kernel "auto" (numba on the CPU: EMA + `wx·s` + '
         f"tanh, so about numba + 2 elementwise passes ≈ 3.5× expected): got {lr}."
     )
-    out.append("**Smoother.** Expected from MEASURED.md (F = 16 or 32, 2-core AVX-512 machine):")
+    out.append(
+        "**Smoother.** Expected from the earlier reference measurement (F = 16 or 32, 2-core "
+        "AVX-512 machine):"
+    )
     out.extend(lines)
     floors = _find(sm, SMOOTHER_FLOOR_CPU)
     numbas = _find(sm, "ema_packed_numba")
@@ -182,7 +185,7 @@ def _expectations_cpu(res: Results, plan: Plan) -> list[str]:
         out.append(
             f"- The floor itself: `torch.tanh` ran at "
             f"{ns_tanh.timing.median / (ns_tanh.packed_rows * feat) * 1e9:.2f} ns per element "
-            f"at {ns_tanh.shape} (MEASURED.md: about 2.5 ns), and `ema_packed_numba` at "
+            f"at {ns_tanh.shape} (the reference figure: about 2.5 ns), and `ema_packed_numba` at "
             f"{ns_numba.timing.median / (ns_numba.packed_rows * feat) * 1e9:.2f} ns per element. "
             "A faster floor makes every ratio larger for the same absolute time, so compare "
             "absolute times too."
@@ -196,7 +199,7 @@ def _expectations_cpu(res: Results, plan: Plan) -> list[str]:
         if row.name == 'Traveller.rollout, "torchscript"':
             lines.append(
                 f"- TorchScript rollout at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
-                f"({per_step:.1f} µs/step). MEASURED.md: fused cells + TorchScript "
+                f"({per_step:.1f} µs/step). The reference figures: fused cells + TorchScript "
                 f"{_fmt_ratio(EXPECTED_TS_HIDDEN64[key])} (hidden 64), a C++ loop of ATen calls "
                 f"{_fmt_ratio(EXPECTED_CPP_ATEN[key])} and JAX `lax.scan` "
                 f"{_fmt_ratio(EXPECTED_JAX[key])} (default shapes) — "
@@ -205,32 +208,32 @@ def _expectations_cpu(res: Results, plan: Plan) -> list[str]:
         elif row.name == 'Traveller.rollout, "eager"':
             lines.append(
                 f"- Eager rollout at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
-                f"({per_step:.1f} µs/step); MEASURED.md's eager fused cells "
+                f"({per_step:.1f} µs/step); the reference figure for eager fused cells "
                 f"{_fmt_ratio(EXPECTED_EAGER_HIDDEN64[key])} (hidden 64) — "
                 f"{_verdict(row.ratio, EXPECTED_EAGER_HIDDEN64[key])} it."
             )
         elif row.name == 'Traveller.rollout, "numba"':
             lines.append(
                 f"- numba rollout backend at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
-                f"({per_step:.1f} µs/step). MEASURED.md has no numba rollout; the nearest lead, "
+                f"({per_step:.1f} µs/step). The reference has no numba rollout; the nearest lead, "
                 f"a compiled C++ loop of ATen calls, was {_fmt_ratio(EXPECTED_CPP_ATEN[key])} — "
                 f"{_verdict(row.ratio, EXPECTED_CPP_ATEN[key])} that."
             )
         elif row.name == JAX_ROLLOUT:
             lines.append(
                 f"- JAX `lax.scan` rollout at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
-                f"({per_step:.1f} µs/step); MEASURED.md {_fmt_ratio(EXPECTED_JAX[key])} — "
+                f"({per_step:.1f} µs/step); the reference figure {_fmt_ratio(EXPECTED_JAX[key])} — "
                 f"{_verdict(row.ratio, EXPECTED_JAX[key])} the lead."
             )
         elif row.name == SEED_ROLLOUT:
             lines.append(
                 f"- Seed-style loop at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
-                f"({per_step:.0f} µs per step). MEASURED.md's 297 µs/step (hidden 64) is the "
-                "figure to compare."
+                f"({per_step:.0f} µs per step). The reference figure, 297 µs/step (hidden 64), is "
+                "the one to compare."
             )
     out.append(
-        "**Traveller.** MEASURED.md measured the rollout variants at hidden 64 and, at the "
-        "default shapes (hidden 128), only the C++-of-ATen loop and JAX:"
+        "**Traveller.** The earlier reference measurement has the rollout variants at hidden 64 "
+        "and, at the default shapes (hidden 128), only the C++-of-ATen loop and JAX:"
     )
     for shape in dict.fromkeys(r.shape for r in tr):
         by_name = {r.name: r for r in tr if r.shape == shape}
@@ -262,7 +265,7 @@ def _jax_paragraph_cpu(res: Results) -> list[str]:
         reason = next((why for name, _, why in res.skipped if name.startswith("JAX")), "")
         return [
             f"**JAX.** Not measured in this run: {reason or 'its rows failed (see above)'}. "
-            "MEASURED.md's leads: `lax.scan` 0.74–1.44× `torch.tanh` for the smoother, "
+            "The reference leads: `lax.scan` 0.74–1.44× `torch.tanh` for the smoother, "
             "0.80–0.94× the nn.LSTM bound for the rollout."
         ]
     lo, hi = EXPECTED_JAX_SMOOTHER
@@ -281,13 +284,13 @@ def _jax_paragraph_cpu(res: Results) -> list[str]:
         )
         out.append(
             f"- `lax.scan` smoother: {_ratios(sm, JAX_SCAN, exact=True)} the tanh floor; "
-            f"MEASURED.md {lo:.2f}× (B=256 T=200) to {hi:.2f}× (B=64 T=4000) — {verdict} "
+            f"the reference figures {lo:.2f}× (B=256 T=200) to {hi:.2f}× (B=64 T=4000) — {verdict} "
             "that range."
         )
     if assoc:
         out.append(
             f"- `lax.associative_scan` smoother: {_ratios(sm, JAX_ASSOC, exact=True)} the tanh "
-            "floor (no CPU lead in MEASURED.md; it does O(log T) passes over B·T·F, so it is not "
+            "floor (no CPU reference figure; it does O(log T) passes over B·T·F, so it is not "
             "expected to win on a CPU)."
         )
     return out
@@ -304,12 +307,13 @@ def _expectations_cuda(res: Results, gpu: str) -> list[str]:
             continue
         got_ms = row.timing.median * 1e3
         lines.append(
-            f"- {name} at {row.shape}: {_fmt_ms(row.timing.median)} ms; MEASURED.md's "
-            f"{what}: {lead_ms:g} ms — {_verdict(got_ms, lead_ms)} the lead "
+            f"- {name} at {row.shape}: {_fmt_ms(row.timing.median)} ms; the reference figure "
+            f"for {what}: {lead_ms:g} ms — {_verdict(got_ms, lead_ms)} the lead "
             f"({got_ms / lead_ms:.2f}×)."
         )
     out = [
-        f"**Against MEASURED.md's H200 run** (rnnserve at its first landing; this run: {gpu}; "
+        f"**Against the earlier reference measurement on an H200** (rnnserve at its first "
+        f"landing; this run: {gpu}; "
         "absolute times, since the shapes are the same; a different GPU moves them all):",
         *lines,
     ]

@@ -75,7 +75,9 @@ class EncoderBench(SuiteBase):
         x = pack(seqs, dev)
 
         def floor() -> Case:
-            padded, _ = pad_packed_sequence(x)  # [T, B, 6], time-major as the seed's module
+            padded, _ = pad_packed_sequence(
+                x
+            )  # [T, B, 6], time-major as the user's module takes it
             model = copy.deepcopy(user).to(dev)
 
             def fn() -> Tensor:
@@ -215,7 +217,7 @@ def render_encoder(
     lib = "cuDNN" if cuda else "oneDNN"
     lines = [
         begin,
-        "### GRU encoder: your own model (seed 003)",
+        "### GRU encoder: your own model (`examples/gru_encoder.py`)",
         "",
         "`examples/gru_encoder.py`: `nn.GRU(6, 200, num_layers=2)` → `nn.Linear(200, 4)` → each "
         "output step divided by its L2 norm, served as your own model. Floor: the user's plain "

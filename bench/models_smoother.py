@@ -66,7 +66,7 @@ def smoother_reference(
 
 
 def packed_sequence_indices(batch_sizes: Tensor) -> list[Tensor]:
-    """Per sequence, a CPU ``LongTensor`` of its rows in the packed data (as seed 000 did)."""
+    """Per sequence, a CPU ``LongTensor`` of its rows in the packed data."""
     sizes: list[int] = batch_sizes.tolist()
     starts = [0]
     for b in sizes[:-1]:
@@ -78,7 +78,7 @@ def packed_sequence_indices(batch_sizes: Tensor) -> list[Tensor]:
 
 
 def smoother_seed_style(x: PackedSequence, alpha: Tensor, wx: Tensor) -> Tensor:
-    """The seed-000 layer: Python loops over sequences and steps, one row at a time."""
+    """The plain layer: Python loops over sequences and steps, one row at a time."""
     data = x.data
     ydata = torch.zeros_like(data)
     for rows in packed_sequence_indices(x.batch_sizes):

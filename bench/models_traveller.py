@@ -53,7 +53,7 @@ from rnnserve.models.traveller import (
 
 
 def rollout_reference(model64: Traveller, seqs: Sequence[Tensor]) -> np.ndarray:
-    """float64 positions ``[B, T, 2]``: the seed's loop (``nn.LSTM`` once per step, state
+    """float64 positions ``[B, T, 2]``: the plain loop (``nn.LSTM`` once per step, state
     carried), run on the whole padded batch at once -- the rollout is causal, so each
     sequence's real steps are exact; padded steps are zeroed."""
     u = torch.from_numpy(padded64(seqs))
@@ -69,10 +69,10 @@ def rollout_reference(model64: Traveller, seqs: Sequence[Tensor]) -> np.ndarray:
 
 
 def traveller_seed_style(model: Traveller, sequences: Sequence[Tensor]) -> list[Tensor]:
-    """The seed-002 rollout: per sequence, ``nn.LSTM`` called once per step."""
+    """The plain rollout: per sequence, ``nn.LSTM`` called once per step."""
     results = []
     for u in sequences:
-        inputs = u.unsqueeze(1)  # [T, 1, num_inputs], the seed's layout
+        inputs = u.unsqueeze(1)  # [T, 1, num_inputs], Traveller.forward's layout
         hidden: tuple[Tensor, Tensor] | None = None
         prev = inputs.new_zeros(1, 1, 2)
         positions = []

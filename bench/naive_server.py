@@ -6,11 +6,11 @@ Usage::
 
 Plain FastAPI; the body is a pydantic model with ``list[list[list[float]]]``; the answer is a
 dict of lists that FastAPI turns into JSON its default way; the model runs once per request and
-per sequence, written as the seeds write it:
+per sequence, written as plain per-step loops:
 
-- the smoother (seed 000), with the math corrected: a Python loop over the steps of each sequence
+- the smoother: a Python loop over the steps of each sequence
   in torch, ``s_0 = x_0``, ``s_t = alpha * s_{t-1} + (1 - alpha) * x_t``, ``y_t = tanh(wx * s_t)``;
-- the Traveller (seed 002): ``nn.LSTM`` called once per step with its hidden state carried over,
+- the Traveller: ``nn.LSTM`` called once per step with its hidden state carried over,
   the tanh'd position fed back as the next step's input.
 
 The weights are rnnserve's bundled ones (``models.load``), so both servers give the same answers
@@ -54,7 +54,7 @@ class RolloutBody(BaseModel):
 
 
 def seed_smooth(x: Tensor, alpha: Tensor, wx: Tensor) -> Tensor:
-    """Seed 000's smoother for one sequence, math corrected: ``x`` [T, F] -> [T, F]."""
+    """The smoother as a Python loop over one sequence's steps: ``x`` [T, F] -> [T, F]."""
     y = torch.empty_like(x)
     s = x[0]
     y[0] = torch.tanh(wx * s)
@@ -65,7 +65,8 @@ def seed_smooth(x: Tensor, alpha: Tensor, wx: Tensor) -> Tensor:
 
 
 def seed_rollout(lstm: nn.LSTM, output_layer: nn.Linear, inputs: Tensor) -> Tensor:
-    """Seed 002's forward: ``inputs`` [T, 1, num_inputs] -> positions [T, 2]."""
+    """The Traveller as a loop calling ``nn.LSTM`` once per step: ``inputs`` [T, 1, num_inputs]
+    -> positions [T, 2]."""
     hidden_state: tuple[Tensor, Tensor] | None = None
     prev_position = torch.zeros((1, 1, 2), dtype=inputs.dtype)
     positions = []

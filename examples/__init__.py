@@ -1,1 +1,1 @@
-"""Runnable examples: a client session, and your own model served (seed 003's GRU encoder)."""
+"""Runnable examples: a client session, and your own model served (a GRU encoder)."""

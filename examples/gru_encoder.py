@@ -1,9 +1,9 @@
-"""Serve your own model: seed 003's GRU encoder, exported and served without rnnserve code.
+"""Serve your own model: a GRU encoder, exported and served without rnnserve code.
 
 The model is plain PyTorch: ``nn.GRU(6, 200, num_layers=2)`` -> ``nn.Linear(200, 4)`` -> each
-output step divided by its L2 norm. (The seed's version kept a zero initial state sized for a
-batch of 8 and broadcast the norm with ``repeat``; the default zero state and ``keepdim`` do the
-same for any batch.) Run::
+output step divided by its L2 norm. (A zero initial state sized for one batch size, and the
+norm broadcast with ``repeat``, would tie the module to that batch; the default zero state and
+``keepdim`` do the same for any batch.) Run::
 
     python examples/gru_encoder.py --out-dir my-models    # trains a little, saves, exports
     rnnserve --model-dir my-models                        # serves gru_encoder (and any others)
@@ -42,7 +42,7 @@ from rnnserve.models import export
 
 
 class GRUEncoder(nn.Module):
-    """Seed 003's model: 2-layer GRU, a linear layer, then per-step L2 normalisation."""
+    """The encoder: 2-layer GRU, a linear layer, then per-step L2 normalisation."""
 
     def __init__(self, in_features: int = 6, hidden_size: int = 200, out_features: int = 4) -> None:
         super().__init__()
@@ -50,7 +50,7 @@ class GRUEncoder(nn.Module):
         self.dense = nn.Linear(hidden_size, out_features)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x`` ``[T, B, in_features]`` (time-major, as in the seed) -> ``[T, B, out]``."""
+        """``x`` ``[T, B, in_features]`` (time-major, ``nn.GRU``'s default) -> ``[T, B, out]``."""
         h, _ = self.gru(x)  # zero initial state, whatever the batch size
         y = self.dense(h)
         out: Tensor = y / y.norm(dim=-1, keepdim=True)
@@ -133,7 +133,7 @@ def train(model: GRUEncoder, steps: int = 20) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Train, save and export seed 003's GRU encoder.")
+    parser = argparse.ArgumentParser(description="Train, save and export the example GRU encoder.")
     parser.add_argument("--out-dir", type=Path, default=Path("my-models"))
     parser.add_argument("--name", default="gru_encoder")
     parser.add_argument("--steps", type=int, default=20, help="training steps (0: none)")

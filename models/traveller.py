@@ -187,7 +187,8 @@ def rollout_backend_fn(backend: str, device: torch.device) -> tuple[RolloutFn, s
 
 
 class Traveller(nn.Module):
-    """Autoregressive LSTM; state_dict keys match the seed's class exactly."""
+    """Autoregressive LSTM; state_dict keys ``lstm_layers.*`` and ``output_layer.*``, so a plain
+    ``nn.LSTM`` + ``nn.Linear`` module with those attribute names loads the same weights."""
 
     def __init__(
         self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float = 0.0
@@ -303,7 +304,7 @@ class Traveller(nn.Module):
             raise ValueError(f"state p must have shape [{batch}, 2], got {list(state.p.shape)}")
 
     def forward(self, inputs: Tensor) -> Tensor:
-        """The seed's single-sequence interface: ``[T, 1, num_inputs]`` -> ``[T, 2]``."""
+        """One sequence, time-major: ``[T, 1, num_inputs]`` -> ``[T, 2]``."""
         if inputs.dim() != 3 or inputs.shape[1] != 1:
             raise ValueError(
                 f"expected inputs of shape [T, 1, {self.num_inputs}], got {list(inputs.shape)}"

@@ -1,7 +1,7 @@
 """Independent references the models are checked against.
 
 - the smoother: pandas' ``ewm(adjust=False)``, per feature;
-- the Traveller: the seed's own step-by-step loop (seed 002), calling ``nn.LSTM`` once per step
+- the Traveller: the plain step-by-step loop, calling ``nn.LSTM`` once per step
   with the hidden state carried over, using the module's own ``lstm_layers`` and
   ``output_layer``.
 """
@@ -32,7 +32,7 @@ def smoother_reference(x: np.ndarray, alpha: np.ndarray, wx: np.ndarray) -> np.n
 def seed_rollout(
     lstm_layers: nn.LSTM, output_layer: nn.Linear, activation: nn.Module, inputs: torch.Tensor
 ) -> torch.Tensor:
-    """Seed 002's forward, verbatim in spirit: ``inputs`` [T, 1, num_inputs] -> [T, 2]."""
+    """The plain forward, one ``nn.LSTM`` call per step: ``inputs`` [T, 1, num_inputs] -> [T, 2]."""
     assert inputs.shape[1] == 1, "window should always be 1 since we're not using sequences"
     hidden_state = None
     prev_position = torch.zeros((1, 1, 2), device=inputs.device, dtype=inputs.dtype)
@@ -51,7 +51,8 @@ def seed_rollout(
 
 
 class SeedTraveller(nn.Module):
-    """The seed's class layout (without its bugs), to prove state_dicts interchange."""
+    """A plain module with the Traveller's attribute names (``lstm_layers``, ``output_layer``,
+    ``activation``), to prove state_dicts interchange."""
 
     def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float):
         super().__init__()

@@ -1,4 +1,4 @@
-"""The GRU encoder rows of ``bench/bench_models.py`` (seed 003's model, served as your own):
+"""The GRU encoder rows of ``bench/bench_models.py`` (``examples/gru_encoder.py``, your own model):
 ``--only encoder`` measures them alone and puts them into an earlier run's section."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_only_encoder_puts_its_rows_into_the_earlier_section(tmp_path: Path) -> 
     assert bm.BEGIN_ENCODER in section
     assert section.index(bm.END_ENCODER) < section.index("### Compile, first-call")
     block = section.split(bm.BEGIN_ENCODER)[1].split(bm.END_ENCODER)[0]
-    assert "### GRU encoder: your own model (seed 003)" in block
+    assert "### GRU encoder: your own model (`examples/gru_encoder.py`)" in block
     assert "*Measured on its own (`python -m bench.bench_models --quick" in block
     assert "--only encoder" in block
     for name in bm.ENCODER_NAMES:

@@ -179,7 +179,7 @@ def test_cuda_report_renders_from_rows(tmp_path: Path) -> None:
     assert "device-to-device copy" in text
     assert "cuDNN" in text
     assert "B=1, T=100000" in text
-    assert "MEASURED.md's torch loop over steps: 28.3 ms" in text
+    assert "the reference figure for a torch loop over steps: 28.3 ms" in text
     assert "the fastest implementation per shape" in text
     assert '- Traveller.rollout, "triton" (B=1, T=1000; B=64, T=500): not in this checkout' in text
     assert_tables_well_formed(text)
@@ -264,7 +264,7 @@ def test_float64_references_are_what_they_claim() -> None:
     model = Traveller(6, 8, 2).eval().double()
     us = [torch.randn(n, 6, generator=gen) for n in (6, 3)]
     ref = bench_models.rollout_reference(model, us)
-    alone = bench_models.rollout_reference(model, us[1:])  # B=1: plainly the seed's loop
+    alone = bench_models.rollout_reference(model, us[1:])  # B=1: plainly the per-step loop
     np.testing.assert_allclose(ref[1, :3], alone[0], atol=1e-12)
     assert not ref[1, 3:].any()
     assert bench_models.half_spread_lengths(64, 1000)[::63] == [1000, 500]

@@ -43,7 +43,7 @@ def test_matches_pandas_ewm(kernel: str) -> None:
 
 
 def test_first_step_is_the_input_not_zero() -> None:
-    # s_0 = x_0 (seed 000's "no torch.scan" variant started from s_{-1} = 0)
+    # s_0 = x_0 (not s_{-1} = 0, which would scale the first step by 1 - alpha)
     model = make_model(4)
     x = torch.tensor([[0.3, -0.2, 0.9, 0.1]])
     with torch.inference_mode():
