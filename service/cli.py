@@ -74,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
         http=HeaderTimeoutProtocol,
         limit_concurrency=settings.limit_concurrency,
+        h11_max_incomplete_event_size=settings.max_request_head_bytes,
     )
 
 
@@ -215,6 +216,7 @@ def _supervise(settings: Settings, socket_path: str) -> int:
             timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
             http=HeaderTimeoutProtocol,
             limit_concurrency=settings.limit_concurrency,
+            h11_max_incomplete_event_size=settings.max_request_head_bytes,
             **_worker_healthcheck(),
         )
     finally:

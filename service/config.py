@@ -98,6 +98,12 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         64 * 1024 * 1024, ge=1, description="Largest request body accepted (413 above)."
     )
+    max_request_head_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="Largest request line and headers accepted, in bytes (431 above, and the "
+        "connection closes).",
+    )
     max_sequences_per_request: int = Field(
         256, ge=1, description="Most sequences in one request (413 above)."
     )

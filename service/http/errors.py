@@ -65,6 +65,10 @@ CATALOGUE: dict[str, ErrorKind] = {
         wrong_model_kind="a model sent to another kind's endpoint",
         cannot_stream="a streamed rollout while rollouts are scheduled in whole batches",
     ),
+    **_kinds(
+        431, "the request line and headers are over a configured limit",
+        request_header_too_large="the request line and headers are over max_request_head_bytes",
+    ),
     **_kinds(500, "internal error; see the server log", internal="the model failed"),
     **_kinds(
         503, "try again after Retry-After",

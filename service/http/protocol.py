@@ -1,20 +1,29 @@
 """uvicorn's HTTP/1.1 protocol with what it lacks against slow or too many clients.
 
-uvicorn times out idle kept-alive connections (``timeout_keep_alive``) and bounds the size of a
-request head, but not the time it takes to arrive: a client that trickles header bytes (or
-connects and sends nothing) holds its connection for ever, and every byte resets the keep-alive
-timer. :class:`HeaderTimeoutProtocol` gives each request head ``header_timeout_s`` from its
-first byte (from the connection's opening for the first request): a connection whose request
-line and headers are not complete by then is answered 408 ``header_timeout`` and closed. The
-body has its own limit in the routes (``body_timeout_s``), and a response being written is never
-timed out.
+uvicorn times out idle kept-alive connections (``timeout_keep_alive``), but not the time a request
+head takes to arrive: a client that trickles header bytes (or connects and sends nothing) holds its
+connection for ever, and every byte resets the keep-alive timer. :class:`HeaderTimeoutProtocol`
+gives each request head ``header_timeout_s`` from its first byte (from the connection's opening for
+the first request): a connection whose request line and headers are not complete by then is
+answered 408 ``header_timeout`` and closed. The body has its own limit in the routes
+(``body_timeout_s``), and a response being written is never timed out.
 
 With ``limit_concurrency`` set, uvicorn answers 503 to a request that arrives while that many
 connections or requests are open; this protocol makes that answer rnnserve's JSON error
 (``concurrency_limit``, with ``Retry-After: 1``) instead of uvicorn's plain text. (uvicorn's h11
 protocol, used only where httptools is missing, keeps its plain-text 503.)
 
-Both limits count in ``rnnserve_requests_rejected_total{endpoint="none"}``: the request had not
+Request heads (httptools protocol): httptools bounds neither the request target nor the headers
+(it holds a header's value until the value ends), so a head of any size was read and answered.
+This protocol answers 431 ``request_header_too_large`` (and closes the connection) once a head
+is over ``max_request_head_bytes``, counted two ways: the target and each complete header as
+they are parsed, and, for a header still coming, the whole reads since the one the head began in
+(every byte of those is head). Neither count is ever more than the head's size, so a head within
+the limit is never refused; a larger one is refused at most one read past the limit. (uvicorn's
+h11 protocol has its own bound, ``h11_max_incomplete_event_size``, which ``rnnserve`` sets to the
+same limit; it answers 400.)
+
+All three limits count in ``rnnserve_requests_rejected_total{endpoint="none"}``: the request had not
 reached a route. The settings and the metrics are the app's (``app.state``), found through the
 middleware uvicorn wraps around it.
 
@@ -52,6 +61,7 @@ except ImportError:  # pragma: no cover (httptools comes with uvicorn[standard])
 log = logging.getLogger(__name__)
 
 NO_ENDPOINT = "none"  # the endpoint label of requests refused before routing
+LINGER_S = 1.0  # how long a refused head's connection stays open for its answer to be read
 
 
 def app_state(app: Any) -> Any:
@@ -108,6 +118,7 @@ class _HeaderTimeout:
     _header_timer: asyncio.TimerHandle | None = None
     _header_timeout_s: float | None = None
     _max_request_bytes: int | None = None
+    _max_head_bytes: int | None = None
     _state: Any = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -116,6 +127,7 @@ class _HeaderTimeout:
         settings = getattr(self._state, "settings", None)
         self._header_timeout_s = getattr(settings, "header_timeout_s", None)
         self._max_request_bytes = getattr(settings, "max_request_bytes", None)
+        self._max_head_bytes = getattr(settings, "max_request_head_bytes", None)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -154,9 +166,12 @@ class _HeaderTimeout:
         detail = f"the request line and headers did not arrive within {self._header_timeout_s:g} s"
         self.transport.write(_error("header_timeout", detail))
         self.transport.close()
+        self._count_refusal("header_timeout", detail)
+
+    def _count_refusal(self, kind: str, detail: str) -> None:
         metrics = getattr(self._state, "metrics", None)
         if metrics is not None:
-            metrics.rejected.labels(NO_ENDPOINT, "header_timeout").inc()
+            metrics.rejected.labels(NO_ENDPOINT, kind).inc()
         log.debug(
             "closed a connection from %s: %s", self.transport.get_extra_info("peername"), detail
         )
@@ -206,8 +221,8 @@ def read_ahead(headers: list[tuple[bytes, bytes]], max_request_bytes: int | None
 if HttpToolsProtocol is not None:
 
     class HttpToolsHeaderTimeout(_HeaderTimeout, HttpToolsProtocol):
-        """uvicorn's httptools protocol with the header timeout and a JSON 503 beyond
-        ``limit_concurrency``."""
+        """uvicorn's httptools protocol with the header timeout, the bound on the request head
+        and a JSON 503 beyond ``limit_concurrency``."""
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
             if app is service_unavailable:
@@ -218,12 +233,73 @@ if HttpToolsProtocol is not None:
 
         _read_ahead = HIGH_WATER_LIMIT
 
+        # the request head being read (module docstring)
+        _head_open = False  # a head has begun and is not complete
+        _head_seen = 0  # its target and its complete headers, in bytes
+        _head_reads = 0  # bytes of the reads since the one it began in: all of them head
+        _head_refused = False  # answered 431; the connection is closing
+
+        def data_received(self, data: bytes) -> None:
+            if self._head_refused:
+                return  # what the client still sends, until the connection closes
+            open_before = self._head_open
+            super().data_received(data)
+            if self._head_open and open_before:
+                self._head_reads += len(data)
+            if self._head_refused or (self._head_open and self._head_over()):
+                self._refuse_head()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_open, self._head_seen, self._head_reads = True, 0, 0
+
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            self._head_seen += len(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            super().on_header(name, value)
+            self._head_seen += len(name) + len(value)
+
         def on_headers_complete(self) -> None:
+            self._head_open = False
+            if self._head_refused or self._head_over():
+                self._head_refused = True  # no request cycle, no app: data_received answers
+                return
             super().on_headers_complete()
             self._read_ahead = read_ahead(self.headers, self._max_request_bytes)
 
+        def on_message_complete(self) -> None:
+            if not self._head_refused:
+                super().on_message_complete()
+
+        def _head_over(self) -> bool:
+            limit = self._max_head_bytes
+            return limit is not None and max(self._head_seen, self._head_reads) > limit
+
+        def _refuse_head(self) -> None:
+            """Answer 431 and close: the answer first, then the connection once the client has
+            had time to read it (closing on unread bytes would reset it, answer unread)."""
+            self._head_refused = True
+            self._disarm()
+            if self.transport.is_closing():
+                return
+            detail = (
+                f"the request line and headers are over the limit of {self._max_head_bytes} "
+                "bytes (max_request_head_bytes)"
+            )
+            self.transport.write(_error("request_header_too_large", detail))
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+                self.loop.call_later(LINGER_S, self.transport.close)
+            else:  # pragma: no cover (TCP transports can)
+                self.transport.close()
+            self._count_refusal("request_header_too_large", detail)
+
         def on_body(self, body: bytes) -> None:
             # uvicorn's on_body, with the body kept as pieces and read ahead (module docstring)
+            if self._head_refused:
+                return
             cycle = self.cycle
             if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
                 return
