@@ -7,7 +7,9 @@ workers (:func:`rnnserve.service.http.app.create_worker_app`) that reach the eng
 socket; the socket and the Prometheus multiprocess folder live in a private temporary folder (mode
 0700), removed at exit. SIGTERM: uvicorn stops the workers, which finish their requests first; then
 the engine drains and exits. If the engine dies, the workers answer 503 and the server shuts down
-with exit status 1, for the orchestrator to restart it.
+with exit status 1, for the orchestrator to restart it. If this process dies (``kill -9``), the
+engine and the workers get SIGTERM and stop as on a shutdown, so the port is free for the next
+server (:mod:`rnnserve.service.lifeline`).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from pydantic import SecretStr, ValidationError
 from pydantic_settings import CliSettingsSource
 
 from rnnserve.service.config import Settings, package_version, unknown_environment
-from rnnserve.service.http.app import ENGINE_SOCKET_ENV, create_app
+from rnnserve.service.http.app import ENGINE_SOCKET_ENV, create_app, create_worker_app
 from rnnserve.service.http.protocol import HeaderTimeoutProtocol
 from rnnserve.service.interface import StartupError
+from rnnserve.service.lifeline import die_with_parent
 from rnnserve.service.logs import configure_logging, settings_line
 
 log = logging.getLogger("rnnserve")
@@ -206,7 +209,7 @@ def _supervise(settings: Settings, socket_path: str) -> int:
     threading.Thread(target=watch_engine, name="rnnserve-engine-watch", daemon=True).start()
     try:
         uvicorn.run(
-            "rnnserve.service.http.app:create_worker_app",
+            "rnnserve.service.cli:worker_app",
             factory=True,
             workers=settings.workers,
             host=settings.host,
@@ -230,6 +233,13 @@ def _supervise(settings: Settings, socket_path: str) -> int:
             proc.kill()
             proc.join()
     return 1 if died.is_set() or proc.exitcode else 0
+
+
+def worker_app() -> Any:
+    """uvicorn's app factory in each HTTP worker: the worker's app, in a process that stops when
+    this supervisor dies, even by ``kill -9`` (:mod:`rnnserve.service.lifeline`)."""
+    die_with_parent()
+    return create_worker_app()
 
 
 # uvicorn's supervisor pings each worker and kills one that does not answer in time (5 s by

@@ -9,7 +9,8 @@ multiprocess folder, where any worker's ``/metrics`` reads them.
 Shutdown: the ``rnnserve`` parent sends SIGTERM once the HTTP workers have finished their
 requests and gone. On SIGTERM the engine waits for the workers still connected (up to
 ``drain_timeout_s``), then drains its batchers and exits. SIGINT (Ctrl-C reaches the whole
-process group) is left to the parent, and the engine also exits if the parent dies.
+process group) is left to the parent. If the parent dies, the engine gets SIGTERM from the kernel
+(Linux) and also sees it in its own poll of the parent's pid, and stops the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from multiprocessing.connection import Connection
 from rnnserve.service.config import Settings
 from rnnserve.service.engine.runtime import ModelRuntime
 from rnnserve.service.ipc.engine_side import EngineServer
+from rnnserve.service.lifeline import parent_death_signal, parent_pid
 from rnnserve.service.logs import configure_logging, log_models
 from rnnserve.service.memory import settle_garbage_collector
 from rnnserve.service.metrics import Metrics
@@ -37,6 +39,7 @@ def run(settings: Settings, socket_path: str, ready: Connection) -> None:
     """Process entry point: load and warm the models, serve them, send our pid on ``ready``."""
     configure_logging(settings)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent_death_signal(signal.SIGTERM)  # at once when the parent dies; serve() also polls it
     try:
         import uvloop  # with uvicorn[standard]; the workers run on it too
 
@@ -65,7 +68,7 @@ async def serve(settings: Settings, socket_path: str, ready: Connection | None =
     if ready is not None:
         ready.send(os.getpid())
         ready.close()
-    orphaned = asyncio.ensure_future(_parent_gone(os.getppid()))
+    orphaned = asyncio.ensure_future(_parent_gone(parent_pid()))
     orphaned.add_done_callback(lambda _: stop.set())
     try:
         await stop.wait()
