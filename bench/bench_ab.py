@@ -40,7 +40,9 @@ class Side:
 def absolute(command: list[str]) -> list[str]:
     """The servers run from ``/`` (no checkout on their path): a relative program made absolute."""
     program = command[0]
-    return [str(Path(program).resolve()) if "/" in program else program, *command[1:]]
+    # not Path.resolve: a virtual environment's python is a symlink, and only its own path
+    # finds the environment's packages
+    return [os.path.abspath(program) if "/" in program else program, *command[1:]]
 
 
 def start(side: Side, timeout_s: float = 120.0) -> tuple[subprocess.Popen[bytes], str]:
