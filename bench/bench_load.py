@@ -25,10 +25,11 @@ Each run also reads, per answered request, the CPU time of the server's whole pr
 the workers) and of the load generator.
 
 The section of ``docs/BENCHMARKS.md`` between the ``bench_load`` markers holds the figures and the
-issue's targets beside them, a row per rnnserve configuration and format; for a target not met,
-the ceiling those CPU costs set on this machine: for the single process, the one core its event
-loop runs on; for ``--workers N``, whose N event loops share the cores, the CPU of server and load
-generator together against the machine's cores.
+targets beside them (``TARGET_SPEEDUP`` and ``TARGET_P99_RATIO`` in ``bench.bench_load_report``),
+a row per rnnserve configuration and format; for a target not met, the ceiling those CPU costs
+set on this machine: for the single process, the one core its event loop runs on; for
+``--workers N``, whose N event loops share the cores, the CPU of server and load generator
+together against the machine's cores.
 
 ``--rnnserve-url`` with ``--baseline-url`` loads servers started elsewhere instead (no server CPU
 then); ``--rnnserve-workers-url`` adds a running ``rnnserve --workers N``, N given by

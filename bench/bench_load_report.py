@@ -22,7 +22,7 @@ from rnnserve.service.config import Settings
 BEGIN = "<!-- bench_load:begin -->"
 END = "<!-- bench_load:end -->"
 ORDER = ("smooth", "rollout", "smooth4000")
-# The targets: rnnserve's requests/s over the baseline's, and p99 at most 1/15 of its.
+# The targets: rnnserve's requests/s over the baseline's, and p99 at most 1/15 of its.
 TARGET_SPEEDUP = {"smooth": 25.0, "rollout": 30.0, "smooth4000": 100.0}
 TARGET_P99_RATIO = 1 / 15
 

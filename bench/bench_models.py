@@ -67,9 +67,9 @@ from bench.models_harness import (
     JAX_ROLLOUT,
     JAX_SCAN,
     PLANS,
-    SEED_ROLLOUT,
     SMOOTHER_FLOOR_CPU,
     SMOOTHER_FLOOR_CUDA,
+    STEP_LOOP_ROLLOUT,
     TOLERANCE,
     TRAVELLER_BOUND,
     Plan,
@@ -114,7 +114,7 @@ from rnnserve.models.traveller import (
     TravellerConfig,
 )
 
-EXPECTED_SMOOTHER = {"ema_packed_numba": 1.7, "ema_packed_torch": 30.0, "seed-style": 6000.0}
+EXPECTED_SMOOTHER = {"ema_packed_numba": 1.7, "ema_packed_torch": 30.0, "per-step loop": 6000.0}
 EXPECTED_TS_HIDDEN64 = {1: 26 / 10, 64: 209 / 100}  # fused cells + TorchScript vs nn.LSTM
 EXPECTED_EAGER_HIDDEN64 = {1: 42 / 10, 64: 193 / 100}  # fused cells, eager vs nn.LSTM
 EXPECTED_CPP_ATEN = {1: 2.00, 64: 1.20}  # C++ loop of ATen calls, default shapes
@@ -225,9 +225,9 @@ def _expectations_cpu(res: Results, plan: Plan) -> list[str]:
                 f"({per_step:.1f} µs/step); the reference figure {_fmt_ratio(EXPECTED_JAX[key])} — "
                 f"{_verdict(row.ratio, EXPECTED_JAX[key])} the lead."
             )
-        elif row.name == SEED_ROLLOUT:
+        elif row.name == STEP_LOOP_ROLLOUT:
             lines.append(
-                f"- Seed-style loop at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
+                f"- Per-step loop at {row.shape}: {_fmt_ratio(row.ratio)} the bound "
                 f"({per_step:.0f} µs per step). The reference figure, 297 µs/step (hidden 64), is "
                 "the one to compare."
             )
@@ -399,7 +399,7 @@ def render(
         f"reference (max abs error ≤ {TOLERANCE:g} over the real steps; the error is listed), "
         f"warmed up, then timed in {plan.rounds} round-robin rounds, each sample repeating the "
         f"call until it lasts ≥ {plan.sample_s * 1e3:g} ms; slow implementations (a call over "
-        f"{plan.slow_call_s:g} s, and the seed-style loops) get {plan.slow_rounds} "
+        f"{plan.slow_call_s:g} s, and the per-step loops) get {plan.slow_rounds} "
         f"sample{'s' if plan.slow_rounds != 1 else ''} of one call. Reported: the median time "
         "per call, the min–max over samples, µs per time step "
         "(time per call / T) and the ratio of medians against the floor timed in the same "

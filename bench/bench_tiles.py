@@ -1,4 +1,4 @@
-"""Tile sweeps of the Triton kernels: the data to choose their defaults by (issue 6).
+"""Tile sweeps of the Triton kernels: the data to choose their defaults by.
 
 Usage::
 

@@ -177,8 +177,8 @@ def main() -> None:
         "each piece (uvicorn's, before the route sees it).",
         f"- JSON: outside the model {outside_json:.2f} ms = **{outside_json / ref:.2f}×** "
         "`orjson.loads` + `orjson.dumps` of the same payload (target ≤ 1.3).",
-        f"- The whole server path, binary: {outside_bin + flat_model:.2f} ms; before this "
-        "issue's wire work (pydantic + packed): "
+        f"- The whole server path, binary: {outside_bin + flat_model:.2f} ms; through the "
+        "precise path instead (pydantic + packed): "
         f"{np.median(slow) * 1e3 + packed + med['model']:.0f} ms plus JSON writing.",
     ]
     section = "\n".join([BEGIN, "## Wire format, stage by stage (`python -m bench.bench_wire`)",

@@ -28,9 +28,10 @@ on ``/metrics`` -- the mean requests and sequences per batch during the run.
 The client is kept cheap, since it shares the machine with the server it measures: each
 connection (HTTP/1.1, kept alive) writes a request built once (head and body) in one call
 and reads the answer with httptools (llhttp, uvicorn's parser), which finds its end by its
-length without keeping the body -- as ``wrk`` does. On the 4,000-step JSON workload it takes
-0.28 ms of CPU per request where aiohttp's client took 0.61-0.65 (docs/BENCHMARKS.md); the
-naive baseline's figures are the same with either. ``/metrics`` is read with aiohttp.
+length without keeping the body -- as ``wrk`` does. It spends less CPU per request than
+aiohttp's client, which leaves more of the shared cores to the server; the naive baseline's
+figures are the same with either (docs/BENCHMARKS.md has both clients' costs). ``/metrics`` is
+read with aiohttp.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ class Plan:
     slow_rounds: int  # timed samples of slow implementations (one call each)
     sample_s: float  # a sample repeats the call until it lasts about this long
     slow_call_s: float = 0.25  # a first call slower than this makes the case slow
-    seed_smoother_rows: int = 60_000  # the seed-style smoother loop only up to this many rows
-    seed_rollout_rows: int = 5_000  # the seed-style rollout loop only up to this many rows
+    step_loop_smoother_rows: int = 60_000  # the per-step smoother loop only up to this many rows
+    step_loop_rollout_rows: int = 5_000  # the per-step rollout loop only up to this many rows
     feat_dim: int = 16
     encoder_shapes: tuple[tuple[int, int], ...] = ((1, 1000), (64, 500))  # GRU encoder (B, T)
     cell_loop_rows: int = 5_000  # the GRUCell loop (per sequence, per step) up to this many rows
@@ -84,8 +84,8 @@ PLANS = {
         rounds=11,
         slow_rounds=2,  # torch's step loop at T=100000 takes seconds a call
         sample_s=0.03,
-        seed_smoother_rows=0,  # Python loops of single-row CUDA ops: minutes per call
-        seed_rollout_rows=0,
+        step_loop_smoother_rows=0,  # Python loops of single-row CUDA ops: minutes per call
+        step_loop_rollout_rows=0,
         encoder_shapes=((1, 1000), (64, 500), (1024, 200)),
         cell_loop_rows=0,
     ),
@@ -98,8 +98,8 @@ PLANS = {
         slow_rounds=1,
         sample_s=0.002,
         encoder_shapes=((1, 20), (4, 10)),
-        seed_smoother_rows=0,
-        seed_rollout_rows=0,
+        step_loop_smoother_rows=0,
+        step_loop_rollout_rows=0,
     ),
 }
 
@@ -291,8 +291,8 @@ TRAVELLER_BOUND = "nn.LSTM teacher-forced + output layer (bound)"
 JAX_SCAN = "JAX lax.scan (padded)"
 JAX_ASSOC = "JAX lax.associative_scan"
 JAX_ROLLOUT = "JAX lax.scan rollout (padded)"
-SEED_SMOOTHER = "seed-style (loops over sequences and steps)"
-SEED_ROLLOUT = "seed-style (nn.LSTM per step, per sequence)"
+STEP_LOOP_SMOOTHER = "per-step loop (over sequences and steps)"
+STEP_LOOP_ROLLOUT = "per-step loop (nn.LSTM per step, per sequence)"
 ENCODER_FLOOR = "your nn.Module on the padded batch, one call (floor)"
 ENCODER_RECURRENT = "kind recurrent (exported weights), packed batch"
 ENCODER_TORCHSCRIPT = "kind torchscript (scripted forward(data, batch_sizes)), packed batch"

@@ -1,4 +1,4 @@
-"""The smoother's cases of bench.bench_models: the float64 reference, the seed-style loop, every
+"""The smoother's cases of bench.bench_models: the float64 reference, the per-step loop, every
 kernel of LinearRecursion, the Triton variants and JAX's scans, against the floor.
 """
 
@@ -20,7 +20,7 @@ import rnnserve.models.smoothing
 from bench.models_harness import (
     JAX_ASSOC,
     JAX_SCAN,
-    SEED_SMOOTHER,
+    STEP_LOOP_SMOOTHER,
     Builder,
     Case,
     Unavailable,
@@ -77,7 +77,7 @@ def packed_sequence_indices(batch_sizes: Tensor) -> list[Tensor]:
     ]
 
 
-def smoother_seed_style(x: PackedSequence, alpha: Tensor, wx: Tensor) -> Tensor:
+def smoother_step_loop(x: PackedSequence, alpha: Tensor, wx: Tensor) -> Tensor:
     """The plain layer: Python loops over sequences and steps, one row at a time."""
     data = x.data
     ydata = torch.zeros_like(data)
@@ -217,17 +217,17 @@ class SmootherBench(SuiteBase):
             err = check(SMOOTH_FLAT, padded, y_ref, lengths)
             return Case(SMOOTH_FLAT, lambda: model.smooth_flat(rows, lens), self.wait, err=err)
 
-        def seed() -> Case:
+        def step_loop() -> Case:
             if self.cuda:
                 raise Unavailable("Python loops of one-row CUDA ops: minutes per call")
-            if x.data.shape[0] > plan.seed_smoother_rows:
+            if x.data.shape[0] > plan.step_loop_smoother_rows:
                 raise Unavailable(
                     f"{x.data.shape[0]:,} rows would take ~{x.data.shape[0] * 13e-6:.0f} s a call"
                 )
-            got = data_to_padded(smoother_seed_style(x, alpha, wx), x)
-            err = check(SEED_SMOOTHER, got, y_ref, lengths)
+            got = data_to_padded(smoother_step_loop(x, alpha, wx), x)
+            err = check(STEP_LOOP_SMOOTHER, got, y_ref, lengths)
             return Case(
-                SEED_SMOOTHER, lambda: smoother_seed_style(x, alpha, wx), slow=True, err=err
+                STEP_LOOP_SMOOTHER, lambda: smoother_step_loop(x, alpha, wx), slow=True, err=err
             )
 
         def jax_case(name: str, fn_name: str) -> Builder:
@@ -263,7 +263,7 @@ class SmootherBench(SuiteBase):
             *(layer(k) for k in smoother_kernels()),
             *variants,
             (SMOOTH_FLAT, flat),
-            (SEED_SMOOTHER, seed),
+            (STEP_LOOP_SMOOTHER, step_loop),
             (JAX_SCAN, jax_case(JAX_SCAN, "smoother_scan")),
             (JAX_ASSOC, jax_case(JAX_ASSOC, "smoother_associative_scan")),
         ]

@@ -1,4 +1,4 @@
-"""The Traveller's cases of bench.bench_models: the float64 reference, the seed-style rollout,
+"""The Traveller's cases of bench.bench_models: the float64 reference, the per-step rollout,
 each rollout backend (and CUDA graphs of them), JAX's rollout, against nn.LSTM's bound, and the
 compile times.
 """
@@ -20,7 +20,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from bench.models_harness import (
     GRAPH_SUFFIX,
     JAX_ROLLOUT,
-    SEED_ROLLOUT,
+    STEP_LOOP_ROLLOUT,
     TRAVELLER_BOUND,
     Builder,
     Case,
@@ -68,7 +68,7 @@ def rollout_reference(model64: Traveller, seqs: Sequence[Tensor]) -> np.ndarray:
     return np.where(_mask([len(q) for q in seqs], u.shape[1])[..., None], out, 0.0)
 
 
-def traveller_seed_style(model: Traveller, sequences: Sequence[Tensor]) -> list[Tensor]:
+def traveller_step_loop(model: Traveller, sequences: Sequence[Tensor]) -> list[Tensor]:
     """The plain rollout: per sequence, ``nn.LSTM`` called once per step."""
     results = []
     for u in sequences:
@@ -189,19 +189,19 @@ class TravellerBench(SuiteBase):
 
             return row, build
 
-        def seed_style() -> Case:
+        def step_loop() -> Case:
             if self.cuda:
                 raise Unavailable("per-step nn.LSTM calls of one row: minutes per call on CUDA")
-            if x.data.shape[0] > plan.seed_rollout_rows:
+            if x.data.shape[0] > plan.step_loop_rollout_rows:
                 raise Unavailable(
                     f"{x.data.shape[0]:,} sequence steps would take ~"
                     f"{x.data.shape[0] * 320e-6:.0f} s a call; the B=1 row gives its cost per step"
                 )
-            got = torch.nn.utils.rnn.pad_sequence(
-                traveller_seed_style(base, seqs), batch_first=True
+            got = torch.nn.utils.rnn.pad_sequence(traveller_step_loop(base, seqs), batch_first=True)
+            err = check(STEP_LOOP_ROLLOUT, got.double().numpy(), ref, lengths)
+            return Case(
+                STEP_LOOP_ROLLOUT, lambda: traveller_step_loop(base, seqs), slow=True, err=err
             )
-            err = check(SEED_ROLLOUT, got.double().numpy(), ref, lengths)
-            return Case(SEED_ROLLOUT, lambda: traveller_seed_style(base, seqs), slow=True, err=err)
 
         def jax_rollout() -> Case:
             lstm = base.lstm_layers
@@ -246,7 +246,7 @@ class TravellerBench(SuiteBase):
         builders: list[tuple[str, Builder]] = [
             (TRAVELLER_BOUND, bound),
             *(backend(b) for b in backends),
-            (SEED_ROLLOUT, seed_style),
+            (STEP_LOOP_ROLLOUT, step_loop),
             (JAX_ROLLOUT, jax_rollout),
         ]
         if self.cuda:  # last: a capture that goes wrong should not upset the others' set-up

@@ -53,7 +53,7 @@ class RolloutBody(BaseModel):
     model: str = "traveller"
 
 
-def seed_smooth(x: Tensor, alpha: Tensor, wx: Tensor) -> Tensor:
+def stepwise_smooth(x: Tensor, alpha: Tensor, wx: Tensor) -> Tensor:
     """The smoother as a Python loop over one sequence's steps: ``x`` [T, F] -> [T, F]."""
     y = torch.empty_like(x)
     s = x[0]
@@ -64,7 +64,7 @@ def seed_smooth(x: Tensor, alpha: Tensor, wx: Tensor) -> Tensor:
     return y
 
 
-def seed_rollout(lstm: nn.LSTM, output_layer: nn.Linear, inputs: Tensor) -> Tensor:
+def stepwise_rollout(lstm: nn.LSTM, output_layer: nn.Linear, inputs: Tensor) -> Tensor:
     """The Traveller as a loop calling ``nn.LSTM`` once per step: ``inputs`` [T, 1, num_inputs]
     -> positions [T, 2]."""
     hidden_state: tuple[Tensor, Tensor] | None = None
@@ -103,7 +103,7 @@ def create_app(model_dir: str | Path | None = None) -> FastAPI:
         if body.model != "smoother":
             raise HTTPException(404, f"no model {body.model!r}")
         with torch.no_grad():
-            out = [seed_smooth(torch.tensor(seq), alpha, wx).tolist() for seq in body.sequences]
+            out = [stepwise_smooth(torch.tensor(seq), alpha, wx).tolist() for seq in body.sequences]
         return {"model": "smoother", "sequences": out}
 
     @app.post("/rollout")
@@ -112,7 +112,7 @@ def create_app(model_dir: str | Path | None = None) -> FastAPI:
             raise HTTPException(404, f"no model {body.model!r}")
         with torch.no_grad():
             out = [
-                seed_rollout(lstm, output_layer, torch.tensor(seq).unsqueeze(1)).tolist()
+                stepwise_rollout(lstm, output_layer, torch.tensor(seq).unsqueeze(1)).tolist()
                 for seq in body.inputs
             ]
         return {"model": "traveller", "positions": out}

@@ -29,7 +29,7 @@ def smoother_reference(x: np.ndarray, alpha: np.ndarray, wx: np.ndarray) -> np.n
     return np.tanh(wx.astype(np.float64) * s)
 
 
-def seed_rollout(
+def stepwise_rollout(
     lstm_layers: nn.LSTM, output_layer: nn.Linear, activation: nn.Module, inputs: torch.Tensor
 ) -> torch.Tensor:
     """The plain forward, one ``nn.LSTM`` call per step: ``inputs`` [T, 1, num_inputs] -> [T, 2]."""
@@ -50,7 +50,7 @@ def seed_rollout(
     return positions
 
 
-class SeedTraveller(nn.Module):
+class StepwiseTraveller(nn.Module):
     """A plain module with the Traveller's attribute names (``lstm_layers``, ``output_layer``,
     ``activation``), to prove state_dicts interchange."""
 
@@ -67,7 +67,7 @@ class SeedTraveller(nn.Module):
         self.activation = nn.Tanh()
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return seed_rollout(self.lstm_layers, self.output_layer, self.activation, inputs)
+        return stepwise_rollout(self.lstm_layers, self.output_layer, self.activation, inputs)
 
 
 def bent_model(

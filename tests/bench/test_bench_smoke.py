@@ -79,11 +79,11 @@ def test_quick_benchmark_writes_its_tables(tmp_path: Path) -> None:
         "ema_packed_torch",
         'LinearRecursion, kernel "auto"',
         'LinearRecursion, kernel "torch"',
-        "seed-style (loops over sequences and steps)",
+        "per-step loop (over sequences and steps)",
         "nn.LSTM teacher-forced + output layer (bound)",
         'Traveller.rollout, "torchscript"',
         'Traveller.rollout, "eager"',
-        "seed-style (nn.LSTM per step, per sequence)",
+        "per-step loop (nn.LSTM per step, per sequence)",
     ):
         assert f"| {name}" in text, name
     if HAVE_JAX:
@@ -245,7 +245,7 @@ def test_jax_baselines_match_our_models() -> None:
 
 
 def test_float64_references_are_what_they_claim() -> None:
-    """The benchmark's references: pandas-free EMA and the batched seed loop, per sequence."""
+    """The benchmark's references: pandas-free EMA and the batched per-step loop, per sequence."""
     gen = torch.Generator().manual_seed(3)
     seqs = [torch.randn(n, 16, generator=gen) for n in (5, 2, 7)]
     alpha, wx = torch.full((16,), 0.3), torch.full((16,), 1.5)

@@ -18,7 +18,7 @@ import torch
 from rnnserve import models
 from tests.e2e.server import Server, start_server, stop
 from tests.metrics import value
-from tests.references import seed_rollout, smoother_reference
+from tests.references import smoother_reference, stepwise_rollout
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 64
@@ -94,7 +94,7 @@ def test_64_concurrent_rollout_clients(server: Server) -> None:
         assert r.status_code == 200, r.text
         (y,) = r.json()["positions"]
         with torch.inference_mode():
-            ref = seed_rollout(model.lstm_layers, model.output_layer, model.activation,
+            ref = stepwise_rollout(model.lstm_layers, model.output_layer, model.activation,
                                torch.from_numpy(s)[:, None, :])  # fmt: skip
         np.testing.assert_allclose(np.array(y), ref.numpy(), atol=1e-5)
     served, batches = batched_requests(httpx.get(f"{server.url}/metrics").text, "traveller")

@@ -1,6 +1,6 @@
 """The Triton rollout on CUDA: against the CPU TorchScript path, graphs against plain launches.
 
-Shapes are the issue's: B=1 T=1000, B=64 T=500, B=1024 T=200 (num_inputs 6, hidden 128, two
+Shapes are the benchmark's: B=1 T=1000, B=64 T=500, B=1024 T=200 (num_inputs 6, hidden 128, two
 layers), with equal and ragged lengths. The speed report and tf32x3's error come out as warnings
 (in pytest's summary, even with -q).
 """

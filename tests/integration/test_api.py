@@ -19,7 +19,7 @@ from rnnserve.service.config import Settings
 from rnnserve.service.http.app import create_app
 from tests.integration.conftest import AppClient
 from tests.metrics import samples, value
-from tests.references import seed_rollout, smoother_reference
+from tests.references import smoother_reference, stepwise_rollout
 
 ROW16 = [0.5] * 16
 ROW6 = [0.1] * 6
@@ -71,7 +71,7 @@ async def test_rollout_matches_seed_loop(client: httpx.AsyncClient) -> None:
     model = models.load("traveller")
     for s, y in zip(seqs, body["positions"], strict=True):
         with torch.inference_mode():
-            ref = seed_rollout(model.lstm_layers, model.output_layer, model.activation,
+            ref = stepwise_rollout(model.lstm_layers, model.output_layer, model.activation,
                                torch.from_numpy(s)[:, None, :])  # fmt: skip
         np.testing.assert_allclose(np.array(y), ref.numpy(), atol=1e-5)
 
@@ -83,7 +83,7 @@ def _smooth_ref(model: torch.nn.Module, seq: np.ndarray) -> np.ndarray:
 
 def _rollout_ref(model: torch.nn.Module, seq: np.ndarray) -> np.ndarray:
     with torch.inference_mode():
-        ref = seed_rollout(model.lstm_layers, model.output_layer, model.activation,
+        ref = stepwise_rollout(model.lstm_layers, model.output_layer, model.activation,
                            torch.from_numpy(seq)[:, None, :])  # fmt: skip
     return ref.numpy()
 

@@ -12,7 +12,7 @@ import torch
 from rnnserve import models
 from tests.integration.conftest import AppClient
 from tests.metrics import value
-from tests.references import seed_rollout
+from tests.references import stepwise_rollout
 
 
 async def _running(client: httpx.AsyncClient) -> None:
@@ -49,7 +49,7 @@ async def test_both_schedulers_answer_every_caller_with_its_own_positions(
         assert r.status_code == 200, r.text
         for u, y in zip(req, r.json()["positions"], strict=True):
             with torch.inference_mode():
-                ref = seed_rollout(model.lstm_layers, model.output_layer, model.activation,
+                ref = stepwise_rollout(model.lstm_layers, model.output_layer, model.activation,
                                    torch.from_numpy(u)[:, None])  # fmt: skip
             np.testing.assert_allclose(np.array(y), ref.numpy(), atol=1e-5, rtol=0)
     steps = sum(len(u) for r in requests for u in r)

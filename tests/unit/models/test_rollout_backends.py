@@ -1,4 +1,4 @@
-"""Every rollout backend against the seed's nn.LSTM loop, in float64, where tanh bends.
+"""Every rollout backend against a loop calling nn.LSTM once per step, in float64, where tanh bends.
 
 The shipped weights keep |p| small, where tanh is nearly the identity and feedback bugs hide in
 the noise; these models have their output layer scaled so positions reach |p| ≈ 0.8.
@@ -13,7 +13,7 @@ import torch
 
 from rnnserve.models.packing import pack, unpack
 from rnnserve.models.traveller import RolloutState, Traveller
-from tests.references import bent_model, seed_rollout
+from tests.references import bent_model, stepwise_rollout
 
 
 def available_backends() -> list[str]:
@@ -39,7 +39,7 @@ BACKENDS = available_backends()
 
 def reference(model: Traveller, u: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return seed_rollout(model.lstm_layers, model.output_layer, model.activation, u[:, None])
+        return stepwise_rollout(model.lstm_layers, model.output_layer, model.activation, u[:, None])
 
 
 def _device_dtype(backend: str) -> tuple[torch.device, torch.dtype]:
@@ -54,7 +54,7 @@ def _tolerance(dtype: torch.dtype) -> float:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layers", [1, 2, 3])
-def test_matches_seed_loop_where_tanh_bends(backend: str, layers: int) -> None:
+def test_matches_the_stepwise_loop_where_tanh_bends(backend: str, layers: int) -> None:
     device, dtype = _device_dtype(backend)
     model = bent_model(layers=layers)
     gen = torch.Generator().manual_seed(layers)

@@ -1,4 +1,4 @@
-"""The Traveller against the seed's own step-by-step nn.LSTM loop."""
+"""The Traveller against a step-by-step loop calling nn.LSTM once per step."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch.nn.utils.rnn import PackedSequence
 from rnnserve import models
 from rnnserve.models.packing import pack, unpack
 from rnnserve.models.traveller import Traveller
-from tests.references import SeedTraveller, seed_rollout
+from tests.references import StepwiseTraveller, stepwise_rollout
 
 BACKENDS = ["eager", "torchscript"]
 
@@ -22,12 +22,12 @@ def make_model(num_inputs: int = 6, hidden: int = 16, layers: int = 2, seed: int
 
 
 def reference(model: Traveller, u: torch.Tensor) -> torch.Tensor:
-    return seed_rollout(model.lstm_layers, model.output_layer, model.activation, u[:, None, :])
+    return stepwise_rollout(model.lstm_layers, model.output_layer, model.activation, u[:, None, :])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layers", [1, 2, 3])
-def test_rollout_matches_seed_loop(backend: str, layers: int) -> None:
+def test_rollout_matches_the_stepwise_loop(backend: str, layers: int) -> None:
     model = make_model(layers=layers)
     model.compile_rollout(backend)  # type: ignore[arg-type]
     seqs = [torch.randn(n, 6) for n in (12, 1, 30, 7)]
@@ -38,7 +38,7 @@ def test_rollout_matches_seed_loop(backend: str, layers: int) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_forward_keeps_seed_interface(backend: str) -> None:
+def test_forward_takes_one_time_major_sequence(backend: str) -> None:
     model = make_model()
     model.compile_rollout(backend)  # type: ignore[arg-type]
     u = torch.randn(25, 1, 6)
@@ -73,15 +73,15 @@ def test_rollout_keeps_packed_metadata_and_shape() -> None:
     assert out.data.abs().max() <= 1  # tanh output
 
 
-def test_state_dict_interchanges_with_seed_class() -> None:
-    seed_model = SeedTraveller(6, 16, 2, 0.0).eval()
+def test_state_dict_interchanges_with_a_plain_lstm_module() -> None:
+    plain_model = StepwiseTraveller(6, 16, 2, 0.0).eval()
     ours = Traveller(6, 16, 2)
-    assert set(ours.state_dict()) == set(seed_model.state_dict())
-    ours.load_state_dict(seed_model.state_dict(), strict=True)
+    assert set(ours.state_dict()) == set(plain_model.state_dict())
+    ours.load_state_dict(plain_model.state_dict(), strict=True)
     ours.eval()
     u = torch.randn(10, 1, 6)
     with torch.inference_mode():
-        torch.testing.assert_close(ours(u), seed_model(u), atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours(u), plain_model(u), atol=1e-5, rtol=0)
 
 
 def test_training_mode_with_dropout_uses_nn_lstm() -> None:

@@ -20,7 +20,7 @@ import rnnserve.models.traveller as traveller
 from rnnserve.models.packing import pack, unpack
 from rnnserve.models.traveller import RolloutState, Traveller, rollout_backend_fn, rollout_packed
 from tests.helpers import refusal
-from tests.references import bent_model, seed_rollout
+from tests.references import bent_model, stepwise_rollout
 
 CPU = torch.device("cpu")
 
@@ -34,7 +34,7 @@ def mentions(message: str, *words: str) -> bool:
 
 def reference(model: Traveller, u: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return seed_rollout(model.lstm_layers, model.output_layer, model.activation, u[:, None])
+        return stepwise_rollout(model.lstm_layers, model.output_layer, model.activation, u[:, None])
 
 
 def test_backend_names_resolve_to_their_functions() -> None:
@@ -218,7 +218,7 @@ def test_fused_layout_is_p_then_h_then_u() -> None:
     assert w_out.is_contiguous()
 
 
-def test_forward_of_one_sequence_matches_the_seed_where_tanh_bends() -> None:
+def test_forward_of_one_sequence_matches_the_stepwise_loop_where_tanh_bends() -> None:
     model = bent_model(num_inputs=2, hidden=4, layers=2, seed=5)
     u = torch.randn(9, 1, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():

@@ -1,9 +1,9 @@
 """The numba rollout kernel against :func:`rollout_packed`: both GEMM paths, dtypes, states.
 
-The backend-level conformance (against the seed's nn.LSTM loop) is in test_rollout_backends.py;
-this file covers what is specific to the kernel: the hand-written small-batch loop and the BLAS
-path (chosen per step by the number of active rows), float32 staying float32, and the
-resumable state arguments.
+The backend-level conformance (against a loop calling nn.LSTM once per step) is in
+test_rollout_backends.py; this file covers what is specific to the kernel: the hand-written
+small-batch loop and the BLAS path (chosen per step by the number of active rows), float32
+staying float32, and the resumable state arguments.
 """
 
 from __future__ import annotations
