@@ -68,20 +68,21 @@ def _stream(
     *,
     deadline: float = math.inf,
     disconnect_after: float | None = None,
-    rid: str = "rid-1",
+    rid: str | None = "rid-1",
     rollout: Rollout | None = None,
     failure_logged: bool = False,
 ) -> tuple[list[bytes], Metrics, Gauge, float]:
     """Every line the stream yields, the metrics, the in-flight gauge, and the time taken;
     checks that ``rollout`` was cleaned up by the time the stream ended (not later, when
-    ``asyncio.run`` cancels what is left)."""
+    ``asyncio.run`` cancels what is left). ``rid=None``: streamed outside any request."""
     metrics = Metrics()
     in_flight = Gauge("in_flight", "requests", registry=metrics.registry)
     in_flight.inc()
 
     async def main() -> tuple[list[bytes], float]:
         # a scheduler that logs a failure notes it in the request's context
-        open_request(rid).failure_logged = failure_logged
+        if rid is not None:
+            open_request(rid).failure_logged = failure_logged
         started = time.perf_counter()
         stream = streaming.ndjson(
             _request(disconnect_after), "m1", pieces, in_flight, metrics, ENDPOINT, MODEL,
@@ -223,3 +224,50 @@ def test_an_iterator_that_will_not_close_does_not_break_the_streams_end() -> Non
     assert lines[-1].startswith(b'{"error":{"detail":"the request\'s deadline passed')
     assert len(lines) == 2
     assert _durations(metrics, "504")[0] == 1
+
+
+def _error(line: bytes) -> dict[str, Any]:
+    error: dict[str, Any] = orjson.loads(line)["error"]
+    return error
+
+
+def test_a_failure_outside_any_request_is_answered_with_a_dash_for_its_id() -> None:
+    rollout = Rollout(CHUNKS[:1], fail=RuntimeError("the model broke"))
+    lines, metrics, in_flight, _ = _stream(rollout.run(), rid=None, rollout=rollout)
+    assert len(lines) == 2
+    error = _error(lines[-1])
+    assert error["type"] == "internal"
+    assert error["detail"].endswith("(request -)")
+    assert _durations(metrics, "500")[0] == 1
+    assert in_flight._value.get() == 0
+
+
+def test_a_stream_whose_deadline_passed_before_its_first_chunk_waits_for_none() -> None:
+    # the first chunk comes soon, but after the deadline: the stream does not wait for it
+    async def late() -> AsyncIterator[list[Piece]]:
+        await asyncio.sleep(0.2)
+        yield CHUNKS[0]
+
+    lines, metrics, in_flight, _ = _stream(late(), deadline=-1.0)
+    assert len(lines) == 1
+    assert _error(lines[0])["type"] == "deadline_exceeded"
+    assert _durations(metrics, "504")[0] == 1
+    assert in_flight._value.get() == 0
+
+
+def test_waiting_for_a_disconnect_skips_other_messages() -> None:
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b"", "more_body": False},
+        {"type": "http.request", "body": b"", "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+    taken: list[str] = []
+
+    async def receive() -> dict[str, Any]:
+        message = messages.pop(0)
+        taken.append(message["type"])
+        return message
+
+    request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+    asyncio.run(asyncio.wait_for(streaming.disconnected(request), 5))
+    assert taken == ["http.request", "http.request", "http.disconnect"]
