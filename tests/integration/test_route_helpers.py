@@ -524,3 +524,20 @@ async def test_request_durations_are_the_time_each_request_took(app_client: AppC
     assert value(text, "rnnserve_request_duration_seconds_count", **labels) == 3
     total = value(text, "rnnserve_request_duration_seconds_sum", **labels)
     assert 0 < total <= wall
+
+
+async def test_a_streamed_rollout_carries_its_request_id_and_is_counted_under_its_model(
+    app_client: AppClient,
+) -> None:
+    async with app_client() as (_, client):
+        r = await client.post(
+            "/rollout",
+            json={"inputs": [[[0.1] * 6, [0.2] * 6]]},
+            headers={"accept": "application/x-ndjson", "x-request-id": "stream-1"},
+        )
+        text = (await client.get("/metrics")).text
+    assert r.status_code == 200
+    assert r.headers["x-request-id"] == "stream-1"
+    assert orjson.loads(r.content.splitlines()[-1]) == {"model": "traveller", "done": True}
+    count = "rnnserve_request_duration_seconds_count"
+    assert value(text, count, endpoint="rollout", model="traveller", code="200") == 1

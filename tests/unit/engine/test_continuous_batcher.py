@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
 
 from rnnserve.service.engine.continuous import ChunkOutcome, ContinuousBatcher
-from rnnserve.service.interface import BatcherClosed, QueueFull
+from rnnserve.service.interface import BatcherClosed, QueueFull, open_request
 
 
 class FakeEngine:
@@ -452,4 +453,28 @@ async def test_new_work_waits_while_the_last_retry_group_runs() -> None:
     actives = [active for _, _, active in engine.calls]
     assert not any(2 in a and 6 in a for a in actives)  # it joined after the group, not beside
     assert actives[-1] == [2]
+    await b.close()
+
+
+async def test_a_failed_chunk_is_logged_once_with_the_ids_of_its_requests(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = FakeEngine()
+    engine.fail_when = 13
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=2, name="sched")
+    b.start()
+
+    async def submit(steps: int, rid: str) -> str:
+        open_request(rid)  # as the HTTP layer opens one per request
+        return await b.submit(steps)
+
+    with caplog.at_level(logging.ERROR, logger="rnnserve"):
+        out = await asyncio.wait_for(
+            asyncio.gather(submit(13, "r13"), submit(4, "r4"), return_exceptions=True), 5
+        )
+    assert [type(r) for r in out] == [RuntimeError, RuntimeError]
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 1
+    assert "sched" in failed[0]
+    assert failed[0].endswith("requests r13,r4")
     await b.close()
