@@ -6,6 +6,7 @@ kept-alive connection); a head within the limit, pipelined after a large body, i
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -101,15 +102,18 @@ def test_a_head_within_the_limit_is_served(served: tuple[str, HeadLimitApp]) -> 
     sock.close()
 
 
-def test_a_small_head_pipelined_after_a_large_body_is_served(
+def test_a_small_head_that_begins_in_a_read_after_a_large_body_is_served(
     served: tuple[str, HeadLimitApp],
 ) -> None:
+    """The read a head begins in holds the end of the body before it too: that read does not
+    count as head."""
     url, app = served
     sock = rawhttp.connect(url)
     body = b"b" * (4 * LIMIT)
     first = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body) + body
-    second = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
-    sock.sendall(first + second)
+    sock.sendall(first + b"GET / HTTP/1.1\r\nhost: x")  # the second head, incomplete
+    time.sleep(0.05)  # (a pause, not a measurement: the rest comes in a later read)
+    sock.sendall(b"\r\n\r\n")
     assert rawhttp.read_response(sock)[2].startswith(b"%d " % len(body))
     assert rawhttp.read_response(sock)[0] == 200
     assert refused(app) == 0
