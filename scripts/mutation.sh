@@ -2,7 +2,7 @@
 # Mutation testing of rnnserve's core with mutmut. Not part of CI: it takes minutes per module.
 #
 #   scripts/mutation.sh                       # the core: batching, validation, scheduler, wire,
-#                                             # routes, packing, loader
+#                                             # the inference steps, streaming, packing, loader
 #   scripts/mutation.sh service/engine/batcher.py   # one or more modules (paths under models/ or service/)
 #   scripts/mutation.sh all                   # the core, then smoothing, traveller and the kernels
 #
@@ -16,7 +16,7 @@ ROOT=$(pwd)
 PY="$ROOT/.venv/bin/python"
 JOBS="${MUTATION_JOBS:-1}"
 [ -x "$ROOT/.venv/bin/mutmut" ] || {
-  echo "mutmut is not installed: .venv/bin/python -m pip install 'mutmut==3.8.*'" >&2; exit 1; }
+  echo "mutmut is not installed: .venv/bin/python -m pip install -e '.[mutation]'" >&2; exit 1; }
 # With autogroup scheduling (Linux's default for desktop and many server kernels), `nice` only
 # ranks processes within their session: a niced job still takes its session's fair share, half
 # of a 2-core machine beside one other session. So mutmut runs in a session of its own (setsid)
@@ -51,15 +51,18 @@ tests_for() {
     # test_validation.py never reaches wire.py; test_binary.py posts safetensors bodies
     service/codec/bodies.py) echo tests/unit/codec/test_json_reader.py tests/unit/codec/test_safetensors_reader.py \
                           tests/unit/http/test_finite_check.py tests/integration/test_binary.py ;;
-    # the API and binary tests, then the ones written against routes.py's survivors, the body
-    # reader, streaming (_ndjson; test_ndjson.py drives it directly), the fast path
-    # (serve_inference), reliability (error_response, _overloaded, deadlines, disconnects), and
-    # models of other kinds (/models/{name}/infer)
-    service/http/inference.py | service/http/streaming.py | service/http/routes.py) echo tests/integration/test_api.py tests/integration/test_binary.py \
-                            tests/integration/test_route_helpers.py tests/unit/http/test_read_body.py \
-                            tests/integration/test_streaming.py tests/integration/test_fast_path.py \
-                            tests/unit/engine/test_fault_isolation.py tests/integration/test_reliability.py \
-                            tests/unit/http/test_ndjson.py tests/integration/test_own_models.py ;;
+    # the steps of one request: the helpers' tests (written against the survivors of the steps'
+    # earlier home, routes.py), the body reader, the API and binary tests and the fast path;
+    # test_reliability.py, test_streaming.py and test_own_models.py reach the same steps at
+    # several times the cost a mutant
+    service/http/inference.py) echo tests/integration/test_route_helpers.py tests/unit/http/test_read_body.py \
+                            tests/integration/test_api.py tests/integration/test_binary.py \
+                            tests/integration/test_fast_path.py ;;
+    # the NDJSON stream: test_ndjson.py drives it directly, test_streaming.py through the app
+    service/http/streaming.py) echo tests/unit/http/test_ndjson.py tests/integration/test_streaming.py ;;
+    # the routes left: the index, health, the model list, the fast path's dispatch
+    service/http/routes.py) echo tests/integration/test_route_helpers.py tests/integration/test_api.py \
+                            tests/integration/test_fast_path.py ;;
     service/codec/json_writer.py) echo tests/unit/codec/test_json_writer.py ;;
     # uvicorn's protocol with the header timeout, the JSON 503 and bodies read ahead, under a
     # real uvicorn on a thread

@@ -144,10 +144,18 @@ def rerun(args: list[str]) -> None:
         if "MUTATION_TIMEOUT" in os.environ
         else []
     )
+    args = ["-x", "-q", "-p", "no:cacheprovider", *limit, *tests]
     for name in mutants:
         os.environ["MUTANT_UNDER_TEST"] = name
         with contextlib.redirect_stdout(io.StringIO()):
-            code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *limit, *tests]))
+            code = int(pytest.main(args))
+        if code not in (0, 1):
+            # a session that errors (a mutant that breaks the loop's teardown, a hung test's
+            # leftovers) can leave this process unfit for the next: that mutant runs again in
+            # a process of its own, whose verdict is the one reported
+            code = subprocess.run(
+                [sys.executable, "-m", "pytest", *args], capture_output=True, env=os.environ
+            ).returncode
         status = {0: "survived", 1: "killed"}.get(code, f"error (pytest exit code {code})")
         print(f"{name}: {status}", flush=True)
 
