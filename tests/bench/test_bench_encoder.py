@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench import bench_models as bm
 from tests.bench.test_bench_smoke import assert_tables_well_formed, run_quick
+
+# trains and benchmarks the GRU encoder in a process of its own
+pytestmark = pytest.mark.slow
 
 EARLIER = f"""# Benchmarks
 

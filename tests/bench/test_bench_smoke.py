@@ -26,6 +26,9 @@ from rnnserve.models.packing import pack, unpack
 from rnnserve.models.smoothing import LinearRecursion
 from rnnserve.models.traveller import Traveller
 
+# each runs a benchmark in a process of its own: tens of seconds
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_JAX = importlib.util.find_spec("jax") is not None
 

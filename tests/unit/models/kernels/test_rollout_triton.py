@@ -176,6 +176,7 @@ def test_module_warm_up_covers_every_bucket(monkeypatch: pytest.MonkeyPatch) -> 
     assert {s.dtype for s in shared._workspaces} == {DTYPE}  # the served dtype's buckets
 
 
+@pytest.mark.slow  # hundreds of interpreted rollout steps
 @pytest.mark.parametrize("steps", [255, 256])
 def test_a_warm_bucket_takes_its_longest_rollout_without_growing(steps: int) -> None:
     """After ``warm_up(steps=S)`` a rollout of S steps (S + 1 launches) fits the workspace as

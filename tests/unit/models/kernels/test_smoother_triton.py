@@ -597,6 +597,7 @@ def test_chained_with_its_own_plan_matches_the_chunked_scan() -> None:
     torch.testing.assert_close(final_c, final_k, atol=1e-12, rtol=0)
 
 
+@pytest.mark.slow  # gradcheck under the Triton interpreter: about ten seconds a case
 @pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
 def test_chained_gradcheck_float64(with_state: bool) -> None:
     """The backward (chunked, reverse) runs on the states the chained forward stored."""
@@ -742,6 +743,7 @@ def test_lookback_random_batches_match_the_loop(
         )
 
 
+@pytest.mark.slow  # gradcheck under the Triton interpreter: about ten seconds a case
 @pytest.mark.parametrize("lookback_walks", [(1, 32), (3, 2)], indirect=True, ids=str)
 @pytest.mark.parametrize("with_state", [False, True], ids=["s0=x0", "initial-state"])
 @pytest.mark.usefixtures("lookback_walks")

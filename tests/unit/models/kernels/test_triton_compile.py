@@ -34,6 +34,9 @@ from rnnserve.models.kernels import rollout_triton as rt
 from rnnserve.models.kernels import smoother_triton as st
 from rnnserve.models.packing import pack
 
+# compiles every Triton kernel for sm_90 (no GPU needed): tens of seconds
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[4]
 POINTER = {
     torch.float16: "*fp16",
