@@ -43,6 +43,7 @@ from rnnserve.service.interface import (
     UnknownModel,
     is_out_of_memory,
     open_request,
+    quote,
 )
 from rnnserve.service.metrics import Metrics
 
@@ -108,7 +109,7 @@ def _deadline(request: Request, started: float, default_s: float) -> float:
         if not asked > 0:  # also NaN
             raise RequestError(
                 "invalid_header",
-                f"{TIMEOUT_HEADER} must be a positive number of seconds, not {given[:32]!r}",
+                f"{TIMEOUT_HEADER} must be a positive number of seconds, not {quote(given, 32)!r}",
             )  # fmt: skip
         timeout = min(timeout, asked)
     return started + timeout
@@ -241,8 +242,8 @@ def _choose_model(call: _Call, name: str | None) -> tuple[str, ServedInfo]:
         if name is not None and name != call.path_model:
             raise RequestError(
                 "invalid_request",
-                f"the body names model '{name[:64]}' but the path names "
-                f"'{call.path_model[:64]}'; leave 'model' out of the body",
+                f"the body names model '{quote(name)}' but the path names "
+                f"'{quote(call.path_model)}'; leave 'model' out of the body",
                 ("model",),
             )
         name, call.where = call.path_model, ("path", "name")

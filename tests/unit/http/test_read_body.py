@@ -231,7 +231,7 @@ _LONG = "-" + "9" * 39  # a negative number, too long to quote whole
         ("0", "'0'"),
         ("-1.5", "'-1.5'"),
         ("nan", "'nan'"),
-        (_LONG, repr(_LONG[:32])),
+        (_LONG, repr(_LONG[:32] + "…")),  # a short quote, never the whole header
     ],
 )
 def test_a_timeout_header_that_is_not_a_positive_number_is_refused(given: str, shown: str) -> None:
