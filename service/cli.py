@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -60,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for warning in unknown_environment(os.environ):
         log.warning("%s", warning)
     try:
+        check_port(settings.host, settings.port)
         names = _preflight(settings)  # fail closed, with one line, before the port opens
         check_defaults(settings, names)
     except StartupError as exc:
@@ -68,17 +70,45 @@ def main(argv: Sequence[str] | None = None) -> None:
     log.info("rnnserve %s; %s", package_version(), settings_line(settings))
     if settings.workers > 1:
         sys.exit(serve_with_workers(settings))
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
-        http=HeaderTimeoutProtocol,
-        limit_concurrency=settings.limit_concurrency,
-        h11_max_incomplete_event_size=settings.max_request_head_bytes,
-    )
+    uvicorn.run(create_app(settings), **uvicorn_options(settings))
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """What uvicorn is told in both process modes: where to listen, logs, the drain, and
+    rnnserve's protocol with its limits."""
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level,
+        "access_log": settings.access_log,
+        "timeout_graceful_shutdown": math.ceil(settings.drain_timeout_s),
+        "http": HeaderTimeoutProtocol,
+        "limit_concurrency": settings.limit_concurrency,
+        "h11_max_incomplete_event_size": settings.max_request_head_bytes,
+    }
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail at once, with one line, when the port cannot be bound: uvicorn would find out only
+    after every model has loaded and warmed up."""
+    if port == 0:  # any free port: nothing to check
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise StartupError(
+            f"host {host!r} cannot be resolved ({exc.strerror}); see --host"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {host}:{port}: {exc.strerror}; is another server running "
+                "there? choose another port with --port"
+            ) from None
 
 
 def run_command(name: str, args: list[str]) -> int:
@@ -212,14 +242,7 @@ def _supervise(settings: Settings, socket_path: str) -> int:
             "rnnserve.service.cli:worker_app",
             factory=True,
             workers=settings.workers,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            access_log=settings.access_log,
-            timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
-            http=HeaderTimeoutProtocol,
-            limit_concurrency=settings.limit_concurrency,
-            h11_max_incomplete_event_size=settings.max_request_head_bytes,
+            **uvicorn_options(settings),
             **_worker_healthcheck(),
         )
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,20 @@ def test_fails_closed_with_one_line(tmp_path: Path, args: object, words: list[st
     for word in words:
         assert word in lines[0], lines[0]
     assert "Uvicorn running" not in proc.stderr + proc.stdout  # the port never opened
+
+
+def test_a_busy_port_is_reported_before_any_model_loads(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RNNSERVE_")}
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        for workers in ("1", "2"):
+            r = subprocess.run(
+                [EXE, "--port", str(port), "--workers", workers],
+                capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False,
+            )  # fmt: skip
+            assert r.returncode != 0
+            assert f"rnnserve: cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+            assert "warmed" not in r.stderr  # no model was loaded ("loaded and warmed smoother")
+            assert "Traceback" not in r.stderr
