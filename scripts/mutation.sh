@@ -58,8 +58,10 @@ tests_for() {
     service/http/inference.py) echo tests/integration/test_route_helpers.py tests/unit/http/test_read_body.py \
                             tests/integration/test_api.py tests/integration/test_binary.py \
                             tests/integration/test_fast_path.py ;;
-    # the NDJSON stream: test_ndjson.py drives it directly, test_streaming.py through the app
-    service/http/streaming.py) echo tests/unit/http/test_ndjson.py tests/integration/test_streaming.py ;;
+    # the NDJSON stream: test_ndjson.py drives it directly, test_read_body.py waits for the
+    # disconnect, test_streaming.py streams through the app
+    service/http/streaming.py) echo tests/unit/http/test_ndjson.py tests/unit/http/test_read_body.py \
+                            tests/integration/test_streaming.py ;;
     # the routes left: the index, health, the model list, the fast path's dispatch
     service/http/routes.py) echo tests/integration/test_route_helpers.py tests/integration/test_api.py \
                             tests/integration/test_fast_path.py ;;

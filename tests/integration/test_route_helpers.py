@@ -560,36 +560,3 @@ async def test_a_request_id_of_1_to_128_printable_characters_is_kept_any_other_r
                 assert answered == given
             else:
                 assert re.fullmatch(r"[0-9a-f]{32}", answered), (given, answered)
-
-
-async def test_a_request_timeout_that_is_not_a_positive_number_is_refused(
-    app_client: AppClient,
-) -> None:
-    async with app_client() as (_, client):
-        for given in ("0", "-1", "nan", "soon", "x" * 40):
-            r = await client.post("/smooth", json=SMOOTH_BODY, headers={"x-request-timeout": given})
-            assert r.status_code == 400, given
-            shown = given[:32]  # the header as given, cut to 32 characters
-            refused(r.json(), "invalid_header", [], "X-Request-Timeout", "positive", shown)
-            assert "x" * 33 not in r.json()["detail"]
-
-
-async def test_the_deadline_is_the_sooner_of_the_setting_and_the_header(
-    app_client: AppClient,
-) -> None:
-    async def stuck(name: str, sequences: Any) -> Any:
-        await asyncio.sleep(30)
-
-    def post(client: Any, timeout: str | None = None) -> Any:
-        headers = {} if timeout is None else {"x-request-timeout": timeout}
-        return asyncio.wait_for(client.post("/smooth", json=SMOOTH_BODY, headers=headers), 10)
-
-    async with app_client(request_timeout_s=0.2) as (app, client):
-        app.state.runtime.infer = stuck
-        assert (await post(client)).status_code == 504
-        assert (await post(client, "60")).status_code == 504  # the header cannot lengthen it
-    async with app_client(request_timeout_s=60) as (app, client):
-        app.state.runtime.infer = stuck
-        assert (await post(client, "0.2")).status_code == 504
-    async with app_client(request_timeout_s=0) as (_, client):  # 0: no deadline
-        assert (await post(client)).status_code == 200

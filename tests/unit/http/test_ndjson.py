@@ -253,21 +253,3 @@ def test_a_stream_whose_deadline_passed_before_its_first_chunk_waits_for_none() 
     assert _error(lines[0])["type"] == "deadline_exceeded"
     assert _durations(metrics, "504")[0] == 1
     assert in_flight._value.get() == 0
-
-
-def test_waiting_for_a_disconnect_skips_other_messages() -> None:
-    messages: list[dict[str, Any]] = [
-        {"type": "http.request", "body": b"", "more_body": False},
-        {"type": "http.request", "body": b"", "more_body": False},
-        {"type": "http.disconnect"},
-    ]
-    taken: list[str] = []
-
-    async def receive() -> dict[str, Any]:
-        message = messages.pop(0)
-        taken.append(message["type"])
-        return message
-
-    request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
-    asyncio.run(asyncio.wait_for(streaming.disconnected(request), 5))
-    assert taken == ["http.request", "http.request", "http.disconnect"]
