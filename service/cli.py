@@ -39,7 +39,7 @@ from rnnserve.service.http.app import ENGINE_SOCKET_ENV, create_app, create_work
 from rnnserve.service.http.protocol import HeaderTimeoutProtocol
 from rnnserve.service.interface import StartupError
 from rnnserve.service.lifeline import die_with_parent
-from rnnserve.service.logs import configure_logging, settings_line
+from rnnserve.service.logs import configure_logging, settings_line, uvicorn_log_config
 
 log = logging.getLogger("rnnserve")
 
@@ -80,6 +80,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "host": settings.host,
         "port": settings.port,
         "log_level": settings.log_level,
+        "log_config": uvicorn_log_config(settings),
         "access_log": settings.access_log,
         "timeout_graceful_shutdown": math.ceil(settings.drain_timeout_s),
         "http": HeaderTimeoutProtocol,

@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log level of rnnserve and uvicorn."
     )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text: one line a record for people; json: one JSON object a line (time, "
+        "level, logger, message, request_id, traceback) for log collectors.",
+    )
     access_log: bool = Field(False, description="Log one line per HTTP request.")
     log_third_party: bool = Field(
         False,
