@@ -543,9 +543,6 @@ async def test_a_streamed_rollout_carries_its_request_id_and_is_counted_under_it
     assert value(text, count, endpoint="rollout", model="traveller", code="200") == 1
 
 
-SMOOTH_BODY = {"sequences": [[[0.5] * 16]]}
-
-
 async def test_a_request_id_of_1_to_128_printable_characters_is_kept_any_other_replaced(
     app_client: AppClient,
 ) -> None:
@@ -553,7 +550,9 @@ async def test_a_request_id_of_1_to_128_printable_characters_is_kept_any_other_r
     replaced = ["x" * 129, "has space", "tab\there"]
     async with app_client() as (_, client):
         for given in kept + replaced:
-            r = await client.post("/smooth", json=SMOOTH_BODY, headers={"x-request-id": given})
+            r = await client.post(
+                "/models/smoother/infer", json=SMOOTH_BODY, headers={"x-request-id": given}
+            )
             assert r.status_code == 200
             answered = r.headers["x-request-id"]
             if given in kept:
