@@ -9,8 +9,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import Gauge
+from starlette.requests import ClientDisconnect
 
 from rnnserve.service import endpoints
+from rnnserve.service.http.outcomes import ClientGone
 from rnnserve.service.interface import RequestError
 from rnnserve.service.metrics import Metrics
 
@@ -112,7 +114,8 @@ class Held:
 async def read_body(request: Request, limit: int, timeout_s: float, held: Held) -> bytes:
     """The body, within ``limit`` bytes and ``timeout_s`` seconds, counted against the budget:
     the declared length up front (so a client is refused before it sends), the rest as it
-    arrives."""
+    arrives. A body cut short (the connection closed before its end: a hang-up, or a chunked
+    body that broke off, which uvicorn answers itself) raises :class:`ClientGone`."""
     too_big = RequestError("body_too_large", f"request body is over {limit} bytes")
     budget = budget_of(request)
     declared = request.headers.get("content-length", "")
@@ -141,4 +144,6 @@ async def read_body(request: Request, limit: int, timeout_s: float, held: Held) 
             "body_timeout",
             f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)",
         ) from None  # fmt: skip
+    except ClientDisconnect:  # the client's doing: a 499, not the server's failure
+        raise ClientGone from None
     return b"".join(chunks)

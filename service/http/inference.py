@@ -26,6 +26,7 @@ from rnnserve.service.config import Settings
 from rnnserve.service.endpoints import INFER, ROLLOUT, Endpoint
 from rnnserve.service.http import defaults, errors
 from rnnserve.service.http.auth import Held, budget_of, read_body
+from rnnserve.service.http.outcomes import ClientGone, DeadlineExceeded
 from rnnserve.service.http.responses import BuffersResponse, error_response
 from rnnserve.service.http.streaming import NDJSON, disconnected, ndjson
 from rnnserve.service.http.validation import SCHEMAS, parse_body, to_arrays
@@ -53,14 +54,6 @@ A = TypeVar("A")
 REQUEST_ID_HEADER = "X-Request-Id"
 TIMEOUT_HEADER = "X-Request-Timeout"
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces
-
-
-class ClientGone(Exception):
-    """The client closed the connection before its answer was ready."""
-
-
-class DeadlineExceeded(Exception):
-    """The request's deadline passed before its answer was ready."""
 
 
 def _json_bytes(outputs: Any) -> int:

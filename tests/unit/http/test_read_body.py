@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from starlette.requests import Request
 
-from rnnserve.service.http import auth, inference, streaming
+from rnnserve.service.http import auth, inference, outcomes, streaming
 from rnnserve.service.http.errors import status as status_of
 from rnnserve.service.interface import RequestError
 
@@ -146,6 +146,24 @@ def test_a_body_that_stops_arriving_times_out_with_408() -> None:
         asyncio.run(asyncio.wait_for(auth.read_body(request, 1 << 20, 0.05, auth.Held()), 5))
     assert (status_of(err.value.type), err.value.type) == (408, "body_timeout")
     assert err.value.message == "the request body did not arrive within 0.05 s (700 bytes came)"
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_cut_short_by_the_client_raises_client_gone(declared: bool) -> None:
+    # a hang-up mid-body, or a chunked body that broke off: uvicorn tells the app the
+    # connection went, and the client's request ends as ClientGone (a 499), never a failure
+    request = _request([BODY[:700], BODY[700:]], len(BODY) if declared else None)
+    first = request._receive
+
+    async def hangs_up() -> Any:
+        message = await first()
+        return {"type": "http.disconnect"} if message["body"] == BODY[700:] else message
+
+    request._receive = hangs_up
+    held = auth.Held()
+    with pytest.raises(outcomes.ClientGone):
+        asyncio.run(auth.read_body(request, 1 << 20, 5.0, held))
+    assert held.n == request.app.state.byte_budget.used == (len(BODY) if declared else 700)
 
 
 def _headers_request(headers: dict[str, str]) -> Request:
