@@ -559,3 +559,18 @@ async def test_a_request_id_of_1_to_128_printable_characters_is_kept_any_other_r
                 assert answered == given
             else:
                 assert re.fullmatch(r"[0-9a-f]{32}", answered), (given, answered)
+
+
+async def test_only_rollouts_stream_a_smoothing_request_that_accepts_ndjson_gets_json(
+    app_client: AppClient,
+) -> None:
+    async with app_client() as (_, client):
+        r = await client.post(
+            "/smooth",
+            json={"sequences": [[[0.5] * 16]]},
+            headers={"accept": "application/x-ndjson"},
+        )
+    assert r.status_code == 200
+    assert r.headers["content-type"] == bodies.JSON
+    assert r.json()["model"] == "smoother"
+    assert np.asarray(r.json()["sequences"]).shape == (1, 1, 16)
