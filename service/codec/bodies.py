@@ -739,33 +739,6 @@ def is_safetensors(content_type: str | None) -> bool:
     return (content_type or "").split(";")[0].strip().lower() == SAFETENSORS
 
 
-_PLAIN_ACCEPT = frozenset({"*/*", JSON})  # what most clients send: JSON, without parsing it
-
-
-def wants_safetensors(accept: str | None) -> bool:
-    """Whether the ``Accept`` header prefers safetensors to JSON; safetensors wins a tie (a
-    client that names it asked for it), and ``application/*`` and ``*/*`` stand for JSON."""
-    if not accept or accept in _PLAIN_ACCEPT:
-        return False
-    best_st, best_json = 0.0, 0.0
-    for part in accept.split(","):
-        media, *params = (p.strip() for p in part.split(";"))
-        q = 1.0
-        for param in params:
-            key, _, val = param.partition("=")
-            if key.strip().lower() == "q":
-                try:
-                    q = float(val)
-                except ValueError:
-                    q = 0.0
-        media = media.lower()
-        if media == SAFETENSORS:
-            best_st = max(best_st, q)
-        elif media in (JSON, "application/*", "*/*"):
-            best_json = max(best_json, q)
-    return best_st > 0 and best_st >= best_json
-
-
 def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
     buf = np.frombuffer(body, np.uint8)
     info = np.zeros(_N_SLOTS, np.int64)

@@ -24,7 +24,7 @@ from rnnserve.service.codec import bodies
 from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings
 from rnnserve.service.endpoints import INFER, ROLLOUT, Endpoint
-from rnnserve.service.http import defaults, errors
+from rnnserve.service.http import defaults, errors, negotiation
 from rnnserve.service.http.auth import Held, budget_of, read_body
 from rnnserve.service.http.outcomes import ClientGone, DeadlineExceeded
 from rnnserve.service.http.responses import BuffersResponse, error_response
@@ -275,12 +275,23 @@ async def _run(call: _Call, name: str) -> Response:
         raise DeadlineExceeded
     runtime: Runtime = call.state.runtime
     call.running = True
-    if call.endpoint is ROLLOUT and NDJSON in call.request.headers.get("accept", ""):
+    answer = _answer_type(call)
+    if answer == NDJSON:
         return await _stream(call, name)
     work = runtime.infer(name, call.sequences)
     outputs = await _unless_disconnected(call.request, work, call.deadline)
     call.code = 200
-    return await _respond(call, name, outputs)
+    return await _respond(call, name, outputs, answer)
+
+
+_STREAMED_OR_BINARY = (NDJSON, bodies.SAFETENSORS)  # a rollout's answers besides JSON
+_BINARY = (bodies.SAFETENSORS,)
+
+
+def _answer_type(call: _Call) -> str:
+    """The media type the request's ``Accept`` header asks for, of the endpoint's answers."""
+    offers = _STREAMED_OR_BINARY if call.endpoint is ROLLOUT else _BINARY
+    return negotiation.choose(call.request.headers.get("accept"), offers, bodies.JSON)
 
 
 async def _stream(call: _Call, name: str) -> Response:
@@ -295,9 +306,9 @@ async def _stream(call: _Call, name: str) -> Response:
     return StreamingResponse(stream, media_type=NDJSON, headers=call.headers)
 
 
-async def _respond(call: _Call, name: str, outputs: Any) -> Response:
+async def _respond(call: _Call, name: str, outputs: Any, media_type: str) -> Response:
     out_field = call.endpoint.output_field
-    if bodies.wants_safetensors(call.request.headers.get("accept")):
+    if media_type == bodies.SAFETENSORS:
         parts = bodies.encode_parts(name, out_field, outputs)
         response: Response = BuffersResponse(parts, media_type=bodies.SAFETENSORS)
         response.headers.update(call.headers)

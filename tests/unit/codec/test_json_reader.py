@@ -368,29 +368,6 @@ def test_encode_safetensors_is_read_by_the_library() -> None:
     assert np.array_equal(decoded.sequences(2, "m").data, data)
 
 
-@pytest.mark.parametrize(
-    ("accept", "binary"),
-    [
-        (None, False), ("", False), ("*/*", False), ("application/json", False),
-        ("application/x-safetensors", True), ("application/x-safetensors, */*", True),
-        ("application/json, application/x-safetensors", True),
-        ("application/json;q=1, application/x-safetensors;q=0.5", False),
-        ("application/x-safetensors;q=0", False), ("application/X-Safetensors; q=0.9", True),
-        ("application/x-safetensors;q=bad", False),
-        # from the mutation run: q defaults to 1 on either side; a q that is not a number
-        # counts as 0; wildcards stand for JSON
-        ("application/x-safetensors;q=1, application/json;level=1", True),
-        ("application/x-safetensors;q=0.5, application/json;level=1", False),
-        ("application/x-safetensors;q=1=0", False),
-        ("application/x-safetensors;q=0.5, application/*", False),
-        ("application/x-safetensors;q=0.5, */*", False),
-        ("application/x-safetensors;q=0.5, */*;q=0.4", True),
-    ],
-)  # fmt: skip
-def test_accept_negotiation(accept: str | None, binary: bool) -> None:
-    assert bodies.wants_safetensors(accept) is binary
-
-
 def test_content_type() -> None:
     assert bodies.is_safetensors("application/x-safetensors")
     assert bodies.is_safetensors("Application/X-Safetensors; charset=binary")
