@@ -282,7 +282,7 @@ async def test_the_model_named_in_the_path(app_client: AppClient) -> None:
     refused(other.json(), "invalid_request", ["model"], "'traveller'", "'smoother'", "leave")
     assert longer.status_code == 422
     # the names are cut at 64 characters: the client's text is not echoed at any length
-    refused(longer.json(), "invalid_request", ["model"], f"'{'x' * 64}'", f"'{'y' * 64}'")
+    refused(longer.json(), "invalid_request", ["model"], f"'{'x' * 64}…'", f"'{'y' * 64}…'")
     assert unknown.status_code == 404
     assert (unknown.json()["type"], unknown.json()["loc"]) == ("unknown_model", ["path", "name"])
     assert unknown_in_body.status_code == 404
