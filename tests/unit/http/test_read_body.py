@@ -260,3 +260,16 @@ def test_a_timeout_header_that_is_not_a_positive_number_is_refused(given: str, s
     assert err.value.message == (
         f"{inference.TIMEOUT_HEADER} must be a positive number of seconds, not {shown}"
     )
+
+
+def test_unless_disconnected_gives_up_at_the_deadline_not_later() -> None:
+    # the work would end soon after the deadline: it is not waited for
+    async def main() -> asyncio.Task[int]:
+        request, _ = _receiving([])  # the client stays
+        work = asyncio.ensure_future(_value_after(0.3, 7))
+        with pytest.raises(inference.DeadlineExceeded):
+            await inference._unless_disconnected(request, work, time.perf_counter() + 0.02)
+        await asyncio.sleep(0)
+        return work
+
+    assert asyncio.run(asyncio.wait_for(main(), 5)).cancelled()
