@@ -27,6 +27,7 @@ from rnnserve.service.http.validation import InferRequest
 from rnnserve.service.interface import (
     BatcherClosed,
     EngineUnavailable,
+    FlatSequences,
     NonFiniteInput,
     QueueFull,
     RequestError,
@@ -574,3 +575,11 @@ async def test_only_rollouts_stream_a_smoothing_request_that_accepts_ndjson_gets
     assert r.headers["content-type"] == bodies.JSON
     assert r.json()["model"] == "smoother"
     assert np.asarray(r.json()["sequences"]).shape == (1, 1, 16)
+
+
+def test_an_answers_json_size_is_estimated_at_12_bytes_a_number() -> None:
+    # the estimate decides whether the answer is written on a codec thread
+    arrays = [np.zeros((3, 2), np.float32), np.zeros((1, 2), np.float32)]
+    assert inference._json_bytes(FlatSequences.from_arrays(arrays)) == 12 * 8
+    assert inference._json_bytes(arrays) == 12 * 8  # a plain list of arrays too
+    assert inference._json_bytes([]) == 0
