@@ -12,6 +12,7 @@ validated against Kubernetes' schemas (kubernetes-validate).
 
 from __future__ import annotations
 
+import base64
 import configparser
 import copy
 import fnmatch
@@ -499,9 +500,13 @@ def test_compose_mounts_the_users_model_dir(compose: dict[str, Any]) -> None:
 
 
 def test_compose_environment_names_real_settings(
-    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     env = {k: str(v) for k, v in compose["services"]["rnnserve"]["environment"].items()}
+    # the secret's file exists only in the container: stand in for it with a token here
+    token_file = tmp_path / "rnnserve_api_token"
+    token_file.write_text("compose-token\n")
+    assert env["RNNSERVE_API_TOKEN_FILE"].startswith("/run/secrets/")
     assert "RNNSERVE_MAX_BATCH_SIZE" in env
     assert env["RNNSERVE_HOST"] == "0.0.0.0"
     for name in env:
@@ -511,10 +516,12 @@ def test_compose_environment_names_real_settings(
         monkeypatch.delenv(key)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("RNNSERVE_API_TOKEN_FILE", str(token_file))
     settings = Settings()
     assert settings.host == "0.0.0.0"
     assert settings.port == SERVICE_PORT
     assert settings.max_batch_size == int(env["RNNSERVE_MAX_BATCH_SIZE"])
+    assert settings.bearer_token() == "compose-token"
 
 
 def test_compose_monitoring_stack_is_wired(compose: dict[str, Any]) -> None:
@@ -554,6 +561,71 @@ def test_compose_cpu_variant_has_no_gpu(compose_cpu: dict[str, Any]) -> None:
     # everything else is the GPU file's
     assert svc["healthcheck"]["test"][:2] == ["CMD", "python"]
     assert "prometheus" in compose_cpu["services"]
+
+
+# -- secrets: the bearer token and Grafana's admin password ----------------------------------
+
+REQUIRED_VARIABLE = re.compile(r"\$\{(\w+):\?[^}]+\}")
+
+
+def required_variable(value: str) -> str:
+    """The variable of ``${NAME:?message}``: Compose stops with the message while it is unset."""
+    match = REQUIRED_VARIABLE.fullmatch(value)
+    assert match, f"{value!r} has a default or none is required: use ${{NAME:?message}}"
+    return match[1]
+
+
+def compose_secret_path(compose: dict[str, Any], service: str, secret: str) -> str:
+    """Where ``service`` sees the compose secret ``secret`` (short syntax: /run/secrets/<name>)."""
+    assert secret in compose["services"][service].get("secrets", []), f"{service} lacks {secret}"
+    return f"/run/secrets/{secret}"
+
+
+def test_compose_token_secret_reaches_rnnserve_and_prometheus(
+    compose: dict[str, Any], compose_cpu: dict[str, Any]
+) -> None:
+    for variant in (compose, compose_cpu):
+        env = variant["services"]["rnnserve"]["environment"]
+        (secret,) = variant["services"]["rnnserve"]["secrets"]
+        token_file = compose_secret_path(variant, "rnnserve", secret)
+        assert env["RNNSERVE_API_TOKEN_FILE"] == token_file
+        assert "api_token_file" in Settings.model_fields
+        assert "RNNSERVE_API_TOKEN" not in env, "one source of the token: the secret's file"
+        # the host file comes from a variable Compose requires; no committed default token
+        source = variant["secrets"][secret]["file"]
+        assert required_variable(source) == "RNNSERVE_API_TOKEN_FILE"
+
+        prom_cfg = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+        (job,) = [j for j in prom_cfg["scrape_configs"] if j["job_name"] == "rnnserve"]
+        auth = job["authorization"]
+        assert auth.get("type", "Bearer") == "Bearer"
+        assert auth["credentials_file"] == compose_secret_path(variant, "prometheus", secret)
+        assert auth["credentials_file"] == token_file, "Prometheus sends the token rnnserve reads"
+        assert "credentials" not in auth, "no token inline in the committed config"
+
+
+def test_compose_grafana_password_has_no_default(
+    compose: dict[str, Any], compose_cpu: dict[str, Any]
+) -> None:
+    for variant in (compose, compose_cpu):
+        grafana = variant["services"]["grafana"]
+        env = grafana["environment"]
+        assert "GF_SECURITY_ADMIN_PASSWORD" not in env, "a password in the environment"
+        (secret,) = grafana["secrets"]
+        password_file = compose_secret_path(variant, "grafana", secret)
+        assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == password_file
+        source = variant["secrets"][secret]["file"]
+        assert required_variable(source) == "GRAFANA_ADMIN_PASSWORD_FILE"
+    # nothing in the file falls back to admin (or any default) for a password
+    text = COMPOSE_FILE.read_text()
+    assert not re.search(r"PASSWORD[^\n]*:-", text), "a password variable with a default"
+
+
+def test_required_variable_refuses_defaults() -> None:
+    assert required_variable("${A_FILE:?set A_FILE}") == "A_FILE"
+    for value in ("${A_FILE:-./token}", "${A_FILE}", "./token", "${A_FILE:?}"):
+        with pytest.raises(AssertionError):
+            required_variable(value)
 
 
 # -- the Grafana dashboard -------------------------------------------------------------------
@@ -651,6 +723,7 @@ def test_k8s_resources_validate_against_kubernetes_schemas(
         "Service",
         "HorizontalPodAutoscaler",
         "PodDisruptionBudget",
+        "Secret",
     }
 
 
@@ -746,6 +819,96 @@ def test_k8s_service_hpa_and_monitoring_fit_together(
     rule = by_kind(resources, "PrometheusRule")
     rules_file = yaml.safe_load((ROOT / "deploy/prometheus/rnnserve.rules.yml").read_text())
     assert rule["spec"]["groups"] == rules_file["groups"]
+
+
+def token_secret(resources: list[dict[str, Any]]) -> dict[str, Any]:
+    """The generated Secret that holds the bearer token (name: rnnserve-api-token-<hash>)."""
+    secret = by_kind(resources, "Secret")
+    assert secret["metadata"]["name"].startswith("rnnserve-api-token-"), secret["metadata"]
+    return secret
+
+
+def secret_value(secret: dict[str, Any], key: str) -> str:
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def test_k8s_deployment_reads_the_token_file_from_the_secret(
+    k8s_build: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, resources = k8s_build
+    secret = token_secret(resources)
+    pod = by_kind(resources, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert "RNNSERVE_API_TOKEN" not in env, "the token as a file, not an env value"
+    token_file = PurePosixPath(env["RNNSERVE_API_TOKEN_FILE"]["value"])
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(token_file.parent)]
+    assert mount.get("readOnly") is True
+    assert "subPath" not in mount
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    source = volume["secret"]
+    assert source["secretName"] == secret["metadata"]["name"]
+    (item,) = source["items"]
+    assert item["path"] == token_file.name
+    assert item["key"] in secret["data"]
+    assert source["defaultMode"] & 0o007 == 0, "the token is not world-readable"
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+
+
+def test_k8s_servicemonitor_scrapes_with_the_token_secret(
+    k8s_build: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, resources = k8s_build
+    secret = token_secret(resources)
+    pod = by_kind(resources, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    (endpoint,) = by_kind(resources, "ServiceMonitor")["spec"]["endpoints"]
+    auth = endpoint["authorization"]
+    assert auth["type"] == "Bearer"
+    # the Prometheus Operator's SecretKeySelector: the same Secret and key as the pods
+    assert auth["credentials"] == {
+        "name": secret["metadata"]["name"],
+        "key": volume["secret"]["items"][0]["key"],
+    }
+    assert "bearerTokenFile" not in endpoint
+    assert "bearerTokenSecret" not in endpoint
+
+
+def test_k8s_committed_token_is_a_placeholder() -> None:
+    secret = token_secret(kustomize(K8S / "base"))
+    (key,) = secret["data"]
+    assert secret_value(secret, key).startswith("REPLACE-ME-")
+
+
+def test_k8s_an_overlay_replaces_the_token_everywhere(tmp_path: Path) -> None:
+    """What docs/DEPLOY.md tells operators to do: their overlay replaces the generated Secret
+    from an uncommitted file; the pods and the ServiceMonitor both follow the new name."""
+    (tmp_path / "api-token.txt").write_text("a-token-of-the-operators")
+    base = os.path.relpath(K8S / "base", tmp_path)  # kustomize refuses absolute resource paths
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [base],
+                "secretGenerator": [
+                    {
+                        "name": "rnnserve-api-token",
+                        "behavior": "replace",
+                        "files": ["api-token=api-token.txt"],
+                    }
+                ],
+            }
+        )
+    )
+    resources = kustomize(tmp_path)
+    secret = token_secret(resources)
+    assert secret_value(secret, "api-token") == "a-token-of-the-operators"
+    placeholder = token_secret(kustomize(K8S / "base"))
+    assert secret["metadata"]["name"] != placeholder["metadata"]["name"], "a new token rolls pods"
+    pod = by_kind(resources, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    (endpoint,) = by_kind(resources, "ServiceMonitor")["spec"]["endpoints"]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert endpoint["authorization"]["credentials"]["name"] == secret["metadata"]["name"]
 
 
 def metric_names() -> set[str]:
