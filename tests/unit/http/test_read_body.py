@@ -273,3 +273,7 @@ def test_unless_disconnected_gives_up_at_the_deadline_not_later() -> None:
         return work
 
     assert asyncio.run(asyncio.wait_for(main(), 5)).cancelled()
+
+
+def test_a_server_default_under_a_second_is_a_deadline_too() -> None:
+    assert inference._deadline(_headers_request({}), 100.0, 0.5) == 100.5
