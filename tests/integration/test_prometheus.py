@@ -34,6 +34,7 @@ PROM_CONFIG = PROM_DIR / "prometheus.yml"
 RULES = PROM_DIR / "rnnserve.rules.yml"
 RULES_TEST = PROM_DIR / "rnnserve.rules.test.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "rnnserve.json"
+TOKEN = "prometheus-test-token"
 
 # What Grafana substitutes before it sends a panel's query: the whole time range's rate window
 # (1 s scrapes here) and "All" for the multi-value variables.
@@ -83,8 +84,22 @@ def test_promtool_checks_the_rules() -> None:
     assert promtool("check", "rules", "--lint=all", "--lint-fatal", RULES.name)
 
 
-def test_promtool_checks_the_scrape_config() -> None:
-    assert "SUCCESS" in promtool("check", "config", PROM_CONFIG.name)
+def with_token_file(config: dict[str, Any], token_file: Path) -> dict[str, Any]:
+    """The config with every job's ``authorization.credentials_file`` at ``token_file``: the
+    committed path is a compose secret, present only inside the container."""
+    for job in config["scrape_configs"]:
+        if "credentials_file" in job.get("authorization", {}):
+            job["authorization"]["credentials_file"] = str(token_file)
+    return config
+
+
+def test_promtool_checks_the_scrape_config(tmp_path: Path) -> None:
+    config = yaml.safe_load(PROM_CONFIG.read_text())
+    config["rule_files"] = [str(PROM_DIR / f) for f in config["rule_files"]]
+    token_file = tmp_path / "token"
+    token_file.write_text("a-token")
+    (tmp_path / PROM_CONFIG.name).write_text(yaml.safe_dump(with_token_file(config, token_file)))
+    assert "SUCCESS" in promtool("check", "config", PROM_CONFIG.name, cwd=tmp_path)
 
 
 def test_alert_rules_fire_on_made_up_series() -> None:
@@ -174,9 +189,10 @@ def serve_fake_dcgm() -> tuple[ThreadingHTTPServer, int]:
     return httpd, int(httpd.server_address[1])
 
 
-def scrape_config_for(rnnserve: str, dcgm: str, prom: str) -> dict[str, Any]:
-    """deploy/prometheus/prometheus.yml with 1 s intervals and every job's targets on loopback."""
-    config: dict[str, Any] = yaml.safe_load(PROM_CONFIG.read_text())
+def scrape_config_for(rnnserve: str, dcgm: str, prom: str, token_file: Path) -> dict[str, Any]:
+    """deploy/prometheus/prometheus.yml with 1 s intervals, every job's targets on loopback and
+    the bearer token read from ``token_file``."""
+    config: dict[str, Any] = with_token_file(yaml.safe_load(PROM_CONFIG.read_text()), token_file)
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     config["rule_files"] = [str(PROM_DIR / f) for f in config["rule_files"]]
     targets = {"rnnserve": rnnserve, "dcgm": dcgm, "prometheus": prom}
@@ -220,13 +236,14 @@ def start_prometheus(tmp_path: Path, config: dict[str, Any], port: int) -> Prome
     raise RuntimeError(f"prometheus did not become ready:\n{log.read_text()}")
 
 
-async def load(url: str, rounds: int = 12) -> dict[int, int]:
+async def load(url: str, token: str, rounds: int = 12) -> dict[int, int]:
     """Real requests: good ones to both endpoints, bad ones (4xx), then a burst that overflows
     a queue of 2 (503 queue_full). Returns how many of each status code."""
     steps = [[[0.1 * (i % 7)] * 6 for i in range(n)] for n in (3, 17, 40)]
     smooth = {"sequences": [[[0.5] * 16] * n for n in (1, 5, 12)]}
     codes: dict[int, int] = {}
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as client:
 
         async def post(path: str, body: Any) -> None:
             r = await client.post(path, json=body)
@@ -251,20 +268,32 @@ async def load(url: str, rounds: int = 12) -> dict[int, int]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, Server]]:
     tmp = tmp_path_factory.mktemp("prometheus")
-    server = start_server(tmp, "--max-queue-size", "2", "--max-delay-ms", "20")
+    # authentication on, as every deployment runs it: Prometheus must scrape with the token
+    token_file = tmp / "api-token"
+    token_file.write_text(TOKEN)
+    server = start_server(
+        tmp,
+        "--max-queue-size",
+        "2",
+        "--max-delay-ms",
+        "20",
+        env={"RNNSERVE_API_TOKEN_FILE": str(token_file)},
+    )
     httpd, dcgm_port = serve_fake_dcgm()
     prom_port = free_port()
     rnnserve_target = server.url.removeprefix("http://")
-    config = scrape_config_for(rnnserve_target, f"127.0.0.1:{dcgm_port}", f"127.0.0.1:{prom_port}")
+    config = scrape_config_for(
+        rnnserve_target, f"127.0.0.1:{dcgm_port}", f"127.0.0.1:{prom_port}", token_file
+    )
     prom = None
     try:
         prom = start_prometheus(tmp, config, prom_port)
         assert prom.wait_for('up{job="rnnserve"} == 1'), prom.log.read_text()
         # A labelled counter appears at its first increment, and rate() sees no increase in a
         # series' first sample: one round first, scraped, so the main load's rejections count.
-        asyncio.run(load(server.url, rounds=1))
+        asyncio.run(load(server.url, TOKEN, rounds=1))
         time.sleep(2.5)
-        codes = asyncio.run(load(server.url))
+        codes = asyncio.run(load(server.url, TOKEN))
         assert codes.get(200, 0) >= 24, codes
         assert codes.get(422) == 8, codes
         assert codes.get(404) == 1, codes
