@@ -140,6 +140,13 @@ class Settings(BaseSettings):
         "(from the connection's opening for the first request); then 408 and the connection "
         "closes (slow or stalled clients).",
     )
+    write_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest time an answer may wait for a client that does not read it: once "
+        "the connection's send buffer is full, the client must read within this time or the "
+        "connection is closed (its unsent bytes count in max_inflight_bytes meanwhile).",
+    )
     limit_concurrency: int | None = Field(
         None,
         ge=1,
