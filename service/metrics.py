@@ -143,9 +143,16 @@ class Metrics:
         )
         self.inflight_bytes = Gauge(
             "rnnserve_request_bytes_in_flight",
-            "Request body bytes being read, parsed, queued or run now (the memory budget's use).",
+            "Request body bytes being read, parsed, queued or run now, and bytes of answers not "
+            "yet sent (the memory budget's use).",
             registry=r,
             multiprocess_mode="livesum",
+        )
+        self.write_timeouts = Counter(
+            "rnnserve_write_timeouts_total",
+            "Connections closed because the client did not read its answer within "
+            "write_timeout_s.",
+            registry=r,
         )
 
     def child(self, metric: Any, *values: str) -> Any:
