@@ -143,9 +143,9 @@ class Settings(BaseSettings):
     write_timeout_s: float = Field(
         30.0,
         gt=0,
-        description="Longest time an answer may wait for a client that does not read it: once "
-        "the connection's send buffer is full, the client must read within this time or the "
-        "connection is closed (its unsent bytes count in max_inflight_bytes meanwhile).",
+        description="Longest time a client may read nothing of its answer once the connection's "
+        "send buffer is full; then the connection is closed (the unsent bytes count in "
+        "max_inflight_bytes meanwhile).",
     )
     limit_concurrency: int | None = Field(
         None,

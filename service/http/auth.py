@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -80,13 +80,26 @@ class ByteBudget:
         self._gauge.set(self.used)
         return True
 
+    def hold(self, n: int) -> None:
+        """Count ``n`` bytes that exist already (an answer being sent): never refused, but
+        what they take is refused to new requests until they are given back."""
+        self.used += n
+        self._gauge.set(self.used)
+
+    def room(self) -> int:
+        return max(self.limit - self.used, 0)
+
     def give(self, n: int) -> None:
         self.used -= n
         self._gauge.set(self.used)
 
 
 def budget_of(request: Request) -> ByteBudget:
-    state = request.app.state
+    return byte_budget(request.app.state)
+
+
+def byte_budget(state: Any) -> ByteBudget:
+    """The app's one budget (``state``: its ``app.state``)."""
     try:
         budget: ByteBudget = state.byte_budget
     except AttributeError:  # one per app
@@ -112,19 +125,20 @@ class Held:
 
 
 async def read_body(request: Request, limit: int, timeout_s: float, held: Held) -> bytes:
-    """The body, within ``limit`` bytes and ``timeout_s`` seconds, counted against the budget:
-    the declared length up front (so a client is refused before it sends), the rest as it
-    arrives. A body cut short (the connection closed before its end: a hang-up, or a chunked
-    body that broke off, which uvicorn answers itself) raises :class:`ClientGone`."""
+    """The body, within ``limit`` bytes and ``timeout_s`` seconds, counted against the budget as
+    it arrives. A declared length over ``limit``, or over the budget's room now, is refused
+    before the client sends it; but only bytes that came are held, so clients that declare
+    large bodies and send nothing deny nobody. A body cut short (the connection closed before
+    its end: a hang-up, or a chunked body that broke off, which uvicorn answers itself) raises
+    :class:`ClientGone`."""
     too_big = RequestError("body_too_large", f"request body is over {limit} bytes")
     budget = budget_of(request)
     declared = request.headers.get("content-length", "")
     if declared.isdigit():
         if int(declared) > limit:
             raise too_big
-        if not budget.take(int(declared)):
+        if int(declared) > budget.room():
             raise _overloaded(budget)
-        held.n = int(declared)
     chunks = []
     size = 0
     try:
@@ -133,11 +147,10 @@ async def read_body(request: Request, limit: int, timeout_s: float, held: Held) 
                 size += len(chunk)
                 if size > limit:
                     raise too_big
-                if size > held.n:
-                    if not budget.take(size - held.n):
+                if chunk:  # starlette ends with b"": a body in one piece is then not copied
+                    if not budget.take(len(chunk)):
                         raise _overloaded(budget)
                     held.n = size
-                if chunk:  # starlette ends with b"": a body in one piece is then not copied
                     chunks.append(chunk)
     except TimeoutError:
         raise RequestError(

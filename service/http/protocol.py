@@ -23,18 +23,29 @@ the limit is never refused; a larger one is refused at most one read past the li
 h11 protocol has its own bound, ``h11_max_incomplete_event_size``, which ``rnnserve`` sets to the
 same limit; it answers 400.)
 
-All three limits count in ``rnnserve_requests_rejected_total{endpoint="none"}``: the request had not
-reached a route. The settings and the metrics are the app's (``app.state``), found through the
-middleware uvicorn wraps around it.
+Answers a client does not read (both protocols): an answer is written to the transport at once,
+and a client that does not read it leaves it in the process's memory, uncounted, for as long as
+the connection lives. When the transport's buffer is over its high-water mark (asyncio's
+``pause_writing``), the unsent bytes are held in the byte budget (so new requests are refused
+while such answers pile up), and every ``write_timeout_s`` the client must have read some of them:
+what it read is given back and the wait starts again; when the buffer drains (``resume_writing``)
+or the connection is gone, the rest is given back. A connection whose client read nothing for
+``write_timeout_s`` is aborted, its unsent bytes dropped, and counted in
+``rnnserve_write_timeouts_total``.
+
+The first three limits count in ``rnnserve_requests_rejected_total{endpoint="none"}``: the
+request had not reached a route. The settings and the metrics are the app's (``app.state``),
+found through the middleware uvicorn wraps around it.
 
 Bodies (httptools protocol): uvicorn stops reading a connection once 64 KiB of its body wait for
 the app, and appends each piece to one ``bytearray`` that it copies into ``bytes`` for the app.
 A 720 KB body then takes a dozen pauses and wake-ups and three copies. This protocol reads a body
 whose ``Content-Length`` is at most ``max_request_bytes`` (a larger one is refused before it is
 read) without pausing, and keeps its pieces as they came, joined once when the app reads them
-(:class:`_Body`). Every inference route takes that declared length from the byte budget before
-reading (rnnserve.service.http.routes), so what is read ahead is counted; other routes answer
-without reading, and uvicorn drops the body of a request that has been answered. Measured on the
+(:class:`_Body`). Every inference route checks that declared length against the byte budget's room
+before reading and takes the bytes from the budget as they reach it (``auth.read_body``: a client
+that declares a body and sends nothing holds nothing); other routes answer without reading, and
+uvicorn drops the body of a request that has been answered. Measured on the
 4,000-step ``/smooth`` JSON load (64 clients, three runs each way): 3.36 against 3.49 ms of server
 CPU per request (docs/BENCHMARKS.md).
 """
@@ -52,6 +63,7 @@ from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavai
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from rnnserve.service.http import errors
+from rnnserve.service.http.auth import byte_budget
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -140,7 +152,74 @@ class _HeaderTimeout:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._writes_flowing()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    # -- answers a client does not read (module docstring) --
+
+    _write_timer: asyncio.TimerHandle | None = None
+    _unsent_held = 0  # bytes of unsent answers counted in the byte budget
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        self._hold_unsent()
+        if self._write_timer is None:
+            self._arm_write_timer()
+
+    def resume_writing(self) -> None:
+        self._writes_flowing()
+        super().resume_writing()  # type: ignore[misc]
+
+    def _hold_unsent(self) -> None:
+        """Hold exactly the unsent bytes in the budget (fewer once the client has read some)."""
+        budget = self._budget()
+        if budget is None:
+            return
+        unsent = self.transport.get_write_buffer_size()
+        budget.hold(unsent - self._unsent_held)
+        self._unsent_held = unsent
+
+    def _arm_write_timer(self) -> None:
+        timeout = getattr(getattr(self._state, "settings", None), "write_timeout_s", None)
+        if timeout is not None:
+            self._write_timer = self.loop.call_later(
+                timeout, self._write_timed_out, self.transport.get_write_buffer_size()
+            )
+
+    def _writes_flowing(self) -> None:
+        """The client has read the answer, or has gone: give back what its unsent bytes held."""
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        if self._unsent_held:
+            budget = self._budget()
+            if budget is not None:
+                budget.give(self._unsent_held)
+            self._unsent_held = 0
+
+    def _write_timed_out(self, unsent_then: int) -> None:
+        self._write_timer = None
+        if self.transport.is_closing():
+            return
+        if self.transport.get_write_buffer_size() < unsent_then:  # it read some: wait on
+            self._hold_unsent()
+            self._arm_write_timer()
+            return
+        metrics = getattr(self._state, "metrics", None)
+        if metrics is not None:
+            metrics.write_timeouts.inc()
+        log.debug(
+            "closed a connection from %s: its client read nothing of its answer for %s s",
+            self.transport.get_extra_info("peername"),
+            getattr(self._state.settings, "write_timeout_s", None),
+        )
+        self.transport.abort()  # drops the unsent bytes; connection_lost gives them back
+
+    def _budget(self) -> Any:
+        settings = getattr(self._state, "settings", None)
+        if getattr(settings, "max_inflight_bytes", None) is None:
+            return None  # an app without a budget
+        return byte_budget(self._state)
 
     def _idle(self) -> bool:
         """No request is being read or answered: bytes now belong to the next request head."""

@@ -131,6 +131,52 @@ def test_a_body_past_the_budget_as_it_arrives_is_refused_as_overloaded() -> None
     assert held.n == budget.used == 1000  # what it holds is given back by the caller
 
 
+def test_a_declared_length_over_the_budgets_room_is_refused_before_a_byte_is_read() -> None:
+    request, budget, calls = _budgeted([b"x" * 10], declared=3000, budget=5000)
+    budget.take(2001)  # another request's bytes: 2999 left
+    with pytest.raises(RequestError) as err:
+        asyncio.run(auth.read_body(request, 1 << 20, 5.0, auth.Held()))
+    assert (status_of(err.value.type), err.value.type) == (503, "overloaded")
+    assert calls == [0]
+    assert budget.used == 2001  # nothing of this request was taken
+
+
+def test_a_declared_body_that_never_comes_holds_none_of_the_budget() -> None:
+    # clients declaring large bodies and sending nothing must not shut the others out
+    async def main() -> None:
+        stalled, budget, _ = _budgeted([], declared=4000, budget=5000)
+
+        async def never() -> Any:
+            await asyncio.sleep(30)
+
+        stalled._receive = never
+        waiting = [
+            asyncio.ensure_future(auth.read_body(stalled, 1 << 20, 5.0, auth.Held()))
+            for _ in range(8)
+        ]
+        await asyncio.sleep(0.01)
+        assert budget.used == 0
+        other = _request([BODY[:2500], BODY[2500:5000]], 5000)
+        other.app.state.byte_budget = budget
+        held = auth.Held()
+        assert await auth.read_body(other, 1 << 20, 5.0, held) == BODY[:5000]
+        assert held.n == budget.used == 5000  # the whole budget, beside eight stalled bodies
+        for task in waiting:
+            task.cancel()
+
+    asyncio.run(main())
+
+
+def test_an_answer_held_while_it_is_sent_narrows_the_room_for_requests() -> None:
+    gauge = Gauge("inflight", "bytes", registry=CollectorRegistry())
+    budget = auth.ByteBudget(1000, gauge)
+    budget.hold(1500)  # an answer is never refused: it exists already
+    assert (budget.used, budget.room()) == (1500, 0)
+    assert not budget.take(1)
+    budget.give(1500)
+    assert (budget.used, budget.room(), gauge._value.get()) == (0, 1000, 0)
+
+
 def test_a_body_that_stops_arriving_times_out_with_408() -> None:
     request = _request([BODY[:700], BODY[700:]], None)
     first = request._receive
@@ -163,7 +209,7 @@ def test_a_body_cut_short_by_the_client_raises_client_gone(declared: bool) -> No
     held = auth.Held()
     with pytest.raises(outcomes.ClientGone):
         asyncio.run(auth.read_body(request, 1 << 20, 5.0, held))
-    assert held.n == request.app.state.byte_budget.used == (len(BODY) if declared else 700)
+    assert held.n == request.app.state.byte_budget.used == 700  # what came, declared or not
 
 
 def _headers_request(headers: dict[str, str]) -> Request:
