@@ -25,7 +25,7 @@ from rnnserve.models.kernels import (
     numba_available,
     triton_available,
 )
-from rnnserve.models.kernels.smoother_cpu import smooth_flat_numba
+from rnnserve.models.kernels.smoother_cpu import smooth_flat_numba, smooth_packed_numba
 
 Kernel = Literal["auto", "numba", "torch", "triton"]
 
@@ -43,9 +43,10 @@ class LinearRecursion(nn.Module):
     ``sorted_indices`` and ``unsorted_indices``.
 
     ``kernel`` picks the implementation: ``"triton"`` (chunked parallel scan, CUDA; forward and
-    backward), ``"numba"`` (compiled CPU loop, no autograd), ``"torch"`` (a step loop, anywhere,
-    differentiable), or ``"auto"``: triton on CUDA tensors when triton imports, numba on the CPU
-    when no gradient is needed, torch otherwise.
+    backward), ``"numba"`` (compiled CPU loops, float32 and float64; when a gradient is needed, a
+    compiled reverse-time loop is its backward), ``"torch"`` (a step loop, anywhere,
+    differentiable: the reference), or ``"auto"``: triton on CUDA tensors when triton imports,
+    numba for float32 and float64 CPU rows, torch otherwise.
     """
 
     def __init__(self, feat_dim: int, alpha_smooth: float = 0.5) -> None:
@@ -65,6 +66,8 @@ class LinearRecursion(nn.Module):
         kernel = self._pick_kernel(data, None)
         if kernel == "triton":
             y, _ = self._triton(data, x.batch_sizes, None)
+        elif kernel == "numba" and self._needs_grad(data, None):
+            y, _ = smooth_packed_numba(data, x.batch_sizes, self.alpha_smooth, self.wx)
         else:
             y = self._epilogue(self._ema(kernel, data, x.batch_sizes, None))
         return PackedSequence(y, x.batch_sizes, x.sorted_indices, x.unsorted_indices)
@@ -94,6 +97,8 @@ class LinearRecursion(nn.Module):
         kernel = self._pick_kernel(data, init)
         if kernel == "triton":
             y, final = self._triton(data, x.batch_sizes, init)
+        elif kernel == "numba" and self._needs_grad(data, init):
+            y, final = smooth_packed_numba(data, x.batch_sizes, self.alpha_smooth, self.wx, init)
         else:
             s = self._ema(kernel, data, x.batch_sizes, init)
             final = s.index_select(0, last_step_rows(x.batch_sizes).to(s.device))
@@ -160,11 +165,13 @@ class LinearRecursion(nn.Module):
             return self.kernel
         if data.device.type == "cuda" and triton_available():
             return "triton"
-        needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (self.alpha_smooth, data, init)
-        )
         on_cpu = data.device.type == "cpu" and data.dtype in (torch.float32, torch.float64)
-        return "numba" if on_cpu and not needs_grad and numba_available() else "torch"
+        return "numba" if on_cpu and numba_available() else "torch"
+
+    def _needs_grad(self, data: Tensor, init: Tensor | None) -> bool:
+        return torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (self.alpha_smooth, self.wx, data, init)
+        )
 
     def _ema(
         self, kernel: Kernel, data: Tensor, batch_sizes: Tensor, init: Tensor | None

@@ -4,8 +4,12 @@ Both walk the PackedSequence rows as they are (time-major, longest sequence firs
 padding, no per-sequence Python loop and no index tensors are needed:
 
 - :func:`ema_packed_numba` is a compiled CPU loop over the packed rows (inference only);
+- :func:`smooth_packed_numba` is the CPU training path: the recursion and the ``tanh(wx * s)``
+  epilogue as one compiled loop forward, and a compiled reverse-time loop as its backward
+  (an autograd Function);
 - :func:`ema_packed_torch` loops over *steps* in Python with one slice per step; it runs on any
-  device and is differentiable, so it is the training path off the GPU.
+  device and is differentiable: the reference for the compiled gradients, and the training
+  path where neither compiled kernel runs.
 
 :func:`smooth_flat_numba` computes the same numbers as the packed kernels plus the
 ``tanh(wx * s)`` epilogue, in one pass over the sequences' own rows (each sequence contiguous,
@@ -107,6 +111,269 @@ def ema_packed_torch(
         steps.append(s)
         off += b
     return torch.cat(steps, dim=0)
+
+
+# --------------------------------------------------------------------------- training (CPU)
+#
+# The forward keeps ``s`` beside ``y``; the backward walks the steps from the last to the first
+# with the adjoint ``lam_t = dL/ds_t = g_t + alpha * lam_{t+1}`` (``g_t`` the gradient through
+# ``y_t``, plus the final state's gradient at each sequence's last step), kept for the sequences
+# of one step in a ``[B, F]`` buffer: row ``j`` of step ``t + 1`` is sequence ``j`` of step
+# ``t`` in the packed layout, so the adjoint needs neither padding nor an index. Then
+# ``dx_t = (1 - alpha) lam_t`` (``lam_0`` itself when ``s_0 = x_0``), ``dalpha`` sums
+# ``lam_t (s_{t-1} - x_t)``, ``dwx`` sums ``dL/d(wx s_t) s_t`` and ``dinit = alpha lam_0``.
+
+
+def _smooth_rows(
+    x: Any, batch_sizes: Any, alpha: Any, wx: Any, init: Any, s: Any, y: Any, last: Any
+) -> None:
+    # x, s, y: [N, F] packed rows; init: [B, F] or [0, F] for s_0 = x_0; last: [B, F], each
+    # sequence's final state (sorted order). Sequences j >= batch_sizes[t + 1] end at step t.
+    n_feat = x.shape[1]
+    n_steps = batch_sizes.shape[0]
+    keep = alpha
+    take = 1 - alpha
+    b0 = batch_sizes[0]
+    if init.shape[0] == 0:
+        for r in range(b0):
+            for f in range(n_feat):
+                s[r, f] = x[r, f]
+    else:
+        for r in range(b0):
+            for f in range(n_feat):
+                s[r, f] = keep[f] * init[r, f] + take[f] * x[r, f]
+    prev = 0
+    off = 0
+    for t in range(n_steps):
+        b = batch_sizes[t]
+        if t > 0:
+            for r in range(b):
+                for f in range(n_feat):
+                    s[off + r, f] = keep[f] * s[prev + r, f] + take[f] * x[off + r, f]
+        for r in range(b):
+            for f in range(n_feat):
+                y[off + r, f] = fast_tanh(wx[f] * s[off + r, f])
+        b_next = batch_sizes[t + 1] if t + 1 < n_steps else 0
+        for r in range(b_next, b):
+            for f in range(n_feat):
+                last[r, f] = s[off + r, f]
+        prev = off
+        off += b
+
+
+def _smooth_rows_backward(
+    x: Any,
+    batch_sizes: Any,
+    alpha: Any,
+    wx: Any,
+    init: Any,
+    s: Any,
+    y: Any,
+    gy: Any,
+    gfin: Any,
+    lam: Any,
+    dx: Any,
+    dinit: Any,
+    dalpha: Any,
+    dwx: Any,
+) -> None:
+    # gy: [N, F] dL/dy; gfin: [B, F] dL/d(final state), or [0, F] for none; lam: [B, F]
+    # scratch; dx: [N, F], or [0, F] when x needs no gradient; dinit: [B, F] (when init is
+    # given and needs one) or [0, F]; dalpha, dwx: [F] float64 sums. Partial sums per step in
+    # the rows' dtype, added to float64 totals, keep long sequences accurate in float32.
+    n_feat = x.shape[1]
+    n_steps = batch_sizes.shape[0]
+    keep = alpha
+    take = 1 - alpha
+    want_dx = dx.shape[0] > 0
+    has_gfin = gfin.shape[0] > 0
+    part_a = np.empty(n_feat, x.dtype)
+    part_w = np.empty(n_feat, x.dtype)
+    for f in range(n_feat):
+        dalpha[f] = 0.0
+        dwx[f] = 0.0
+    off = x.shape[0]
+    for t in range(n_steps - 1, -1, -1):
+        b = batch_sizes[t]
+        off -= b
+        b_next = batch_sizes[t + 1] if t + 1 < n_steps else 0
+        for f in range(n_feat):
+            part_a[f] = 0
+            part_w[f] = 0
+        # the adjoint: sequences that go on take the next step's, the others start here
+        for r in range(b):
+            for f in range(n_feat):
+                yv = y[off + r, f]
+                g_pre = gy[off + r, f] * (1 - yv * yv)
+                part_w[f] += g_pre * s[off + r, f]
+                lam_next = lam[r, f] if r < b_next else 0
+                lam[r, f] = g_pre * wx[f] + keep[f] * lam_next
+        if has_gfin:
+            for r in range(b_next, b):
+                for f in range(n_feat):
+                    lam[r, f] += gfin[r, f]
+        if t > 0:
+            prev = off - batch_sizes[t - 1]
+            for r in range(b):
+                for f in range(n_feat):
+                    part_a[f] += lam[r, f] * (s[prev + r, f] - x[off + r, f])
+            if want_dx:
+                for r in range(b):
+                    for f in range(n_feat):
+                        dx[off + r, f] = take[f] * lam[r, f]
+        elif init.shape[0] > 0:
+            for r in range(b):
+                for f in range(n_feat):
+                    part_a[f] += lam[r, f] * (init[r, f] - x[r, f])
+            if want_dx:
+                for r in range(b):
+                    for f in range(n_feat):
+                        dx[r, f] = take[f] * lam[r, f]
+            if dinit.shape[0] > 0:
+                for r in range(b):
+                    for f in range(n_feat):
+                        dinit[r, f] = keep[f] * lam[r, f]
+        elif want_dx:  # s_0 = x_0
+            for r in range(b):
+                for f in range(n_feat):
+                    dx[r, f] = lam[r, f]
+        for f in range(n_feat):
+            dalpha[f] += part_a[f]
+            dwx[f] += part_w[f]
+
+
+if _HAVE_NUMBA:
+    _smooth_rows_compiled = numba.njit(nogil=True, boundscheck=False, error_model="numpy")(
+        _smooth_rows
+    )
+    _smooth_rows_backward_compiled = numba.njit(nogil=True, boundscheck=False, error_model="numpy")(
+        _smooth_rows_backward
+    )
+
+
+def _as_numpy(t: Tensor | None, n_feat: int, dtype: np.dtype[Any]) -> np.ndarray:
+    # an absent optional array is a [0, F] one, so the kernels compile once for both cases
+    return np.empty((0, n_feat), dtype=dtype) if t is None else t.numpy()
+
+
+class _NumbaSmootherFn(torch.autograd.Function):
+    """``(y, final state)`` of packed CPU rows, the compiled loops forward and backward.
+
+    Inputs arrive in the rows' dtype (:func:`smooth_packed_numba` casts them), so autograd casts
+    the gradients back to the parameters' dtypes.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        data: Tensor,
+        alpha: Tensor,
+        wx: Tensor,
+        init: Tensor | None,
+        batch_sizes: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        x = data.detach().contiguous()
+        n_feat = x.shape[1]
+        a, w = alpha.detach().contiguous(), wx.detach().contiguous()
+        s0 = None if init is None else init.detach().contiguous()
+        bs = batch_sizes.to(dtype=torch.int64)
+        s, y = torch.empty_like(x), torch.empty_like(x)
+        last = x.new_empty((int(bs[0]), n_feat))
+        _smooth_rows_compiled(
+            x.numpy(),
+            bs.numpy(),
+            a.numpy(),
+            w.numpy(),
+            _as_numpy(s0, n_feat, x.numpy().dtype),
+            s.numpy(),
+            y.numpy(),
+            last.numpy(),
+        )
+        # saved as tensors, so autograd refuses a backward after y was changed in place
+        ctx.save_for_backward(x, a, w, s0, s, y, bs)
+        ctx.set_materialize_grads(False)
+        return y, last
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_y: Tensor | None, grad_final: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        x, a, w, s0, s, y, bs = ctx.saved_tensors
+        n_feat = x.shape[1]
+        want_x, want_a, want_w, want_init = ctx.needs_input_grad[:4]
+        want_init = want_init and s0 is not None
+        gy = torch.zeros_like(x) if grad_y is None else grad_y.contiguous()
+        gfin = None if grad_final is None else grad_final.contiguous()
+        dx = torch.empty_like(x) if want_x else None
+        dinit = torch.empty_like(s0) if want_init else None
+        lam = x.new_empty((int(bs[0]), n_feat))
+        dalpha = torch.empty(n_feat, dtype=torch.float64)
+        dwx = torch.empty(n_feat, dtype=torch.float64)
+        dt = x.numpy().dtype
+        _smooth_rows_backward_compiled(
+            x.numpy(),
+            bs.numpy(),
+            a.numpy(),
+            w.numpy(),
+            _as_numpy(s0, n_feat, dt),
+            s.numpy(),
+            y.numpy(),
+            gy.numpy(),
+            _as_numpy(gfin, n_feat, dt),
+            lam.numpy(),
+            _as_numpy(dx, n_feat, dt),
+            _as_numpy(dinit, n_feat, dt),
+            dalpha.numpy(),
+            dwx.numpy(),
+        )
+        return (
+            dx,
+            dalpha.to(x.dtype) if want_a else None,
+            dwx.to(x.dtype) if want_w else None,
+            dinit,
+            None,
+        )
+
+
+def smooth_packed_numba(
+    data: Tensor,
+    batch_sizes: Tensor,
+    alpha: Tensor,
+    wx: Tensor,
+    init: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``y = tanh(wx * s)`` over packed CPU rows and each sequence's final state ``s``.
+
+    The training path on the CPU: a compiled loop forward and a compiled reverse-time loop
+    backward, both on the packed rows as they are. ``data``: [N, F] float32 or float64;
+    ``init``: [B, F] state before step 0 in *sorted* order, or None for ``s_0 = x_0``. Returns
+    ``y`` [N, F] and the final state [B, F] (sorted order); differentiable in ``data``,
+    ``alpha``, ``wx`` and ``init``. float32 ``tanh`` is the rational approximation of
+    :mod:`.numba_math` (|error| < 4e-7).
+    """
+    if not _HAVE_NUMBA:
+        raise RuntimeError("numba is not installed")
+    if data.device.type != "cpu" or data.dtype not in (torch.float32, torch.float64):
+        raise ValueError(
+            f"the numba kernel runs on float32 or float64 CPU tensors, got {data.dtype} on "
+            f"{data.device}"
+        )
+    if data.dim() != 2:
+        raise ValueError(f"expected packed data [N, F], got {list(data.shape)}")
+    n_seqs, n_feat = int(batch_sizes[0]), data.shape[1]
+    if init is not None and tuple(init.shape) != (n_seqs, n_feat):
+        raise ValueError(f"expected a state of shape [{n_seqs}, {n_feat}], got {list(init.shape)}")
+    if int(batch_sizes.sum()) != data.shape[0]:
+        raise ValueError(f"batch_sizes sum to {int(batch_sizes.sum())}, not {data.shape[0]} rows")
+    dt = data.dtype
+    y, final = _NumbaSmootherFn.apply(
+        data,
+        alpha.to(device="cpu", dtype=dt),
+        wx.to(device="cpu", dtype=dt),
+        None if init is None else init.to(device="cpu", dtype=dt),
+        batch_sizes.to(device="cpu"),
+    )
+    return y, final
 
 
 def last_step_rows(batch_sizes: Tensor) -> Tensor:
