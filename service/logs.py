@@ -13,6 +13,7 @@ from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 from uvicorn.config import LOGGING_CONFIG
 
+from rnnserve.service import tracing
 from rnnserve.service.config import Settings
 from rnnserve.service.interface import current_request
 
@@ -25,7 +26,8 @@ THIRD_PARTY = ("numba", "torch", "triton", "httpx", "httpcore", "python_multipar
 
 class JsonLineFormatter(JsonFormatter):
     """One JSON object a record: ``time`` (ISO 8601, UTC), ``level``, ``logger``, ``process``,
-    ``message``, ``request_id`` while a request is served, ``traceback`` with an exception."""
+    ``message``, ``request_id`` while a request is served, ``trace_id`` and ``span_id`` while a
+    span is current (tracing on), ``traceback`` with an exception."""
 
     def __init__(self) -> None:
         super().__init__(
@@ -49,6 +51,9 @@ class JsonLineFormatter(JsonFormatter):
         context = current_request()
         if context is not None and context.request_id != "-":
             log_data["request_id"] = context.request_id
+        ids = tracing.current_ids()
+        if ids is not None:
+            log_data["trace_id"], log_data["span_id"] = ids
 
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
         # the time first, as a reader scanning the lines expects it

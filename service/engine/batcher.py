@@ -10,7 +10,8 @@ half retried (bisection, at most ``max_split_depth`` levels), so that only the i
 on their own fail: one poison request in a batch of 64 costs about 2 x 6 extra handler calls.
 
 Each item carries its caller's request (:class:`RequestContext`, read when it is submitted) so
-that a failure is logged once, with the ids of the requests it hit.
+that a failure is logged once, with the ids of the requests it hit; and, with tracing on, the
+request's span, which each batch's span links to (:mod:`rnnserve.service.engine.tracing`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
+from rnnserve.service.engine.tracing import NO_SPAN, Waiting, batch_span, enabled, waiting
 from rnnserve.service.interface import (
     BatcherClosed,
     BatcherError,
@@ -114,6 +116,7 @@ class _Pending(Generic[T, R]):
     future: asyncio.Future[R]
     enqueued: float = field(default_factory=time.monotonic)
     request: RequestContext | None = field(default_factory=current_request)
+    trace: Waiting | None = field(default_factory=waiting)
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -260,13 +263,16 @@ class DynamicBatcher(Generic[T, R]):
         ok = False
         failure: Exception | None = None
         compute: float | None = None
+        span = self._span(batch, depth)
         try:
-            results = await self._handler([p.item for p in batch])
-            compute = getattr(results, "compute_seconds", None)
-            if len(results) != len(batch):
-                raise HandlerResultMismatch(
-                    f"{self.name} handler returned {len(results)} results for {len(batch)} items"
-                )
+            with span:
+                results = await self._handler([p.item for p in batch])
+                compute = getattr(results, "compute_seconds", None)
+                if len(results) != len(batch):
+                    raise HandlerResultMismatch(
+                        f"{self.name} handler returned {len(results)} results "
+                        f"for {len(batch)} items"
+                    )
         except asyncio.CancelledError:
             for p in batch:
                 p.future.cancel()
@@ -297,6 +303,19 @@ class DynamicBatcher(Generic[T, R]):
                 )
         if failure is not None:
             await self._failed(batch, failure, depth)
+
+    def _span(self, batch: list[_Pending[T, R]], depth: int) -> Any:
+        """The batch's span (a no-op with tracing off); a retry's requests waited no longer."""
+        if not enabled():
+            return NO_SPAN
+        traces = [p.trace for p in batch]
+        attributes = {
+            "rnnserve.batch.requests": len(batch),
+            "rnnserve.batch.sequences": sum(p.size for p in batch),
+            "rnnserve.batch.timesteps": sum(p.cost for p in batch),
+            "rnnserve.batch.split_depth": depth,
+        }
+        return batch_span(self.name, traces, traces if depth == 0 else (), attributes)
 
     async def _failed(self, batch: list[_Pending[T, R]], exc: Exception, depth: int) -> None:
         """Bisect: retry each half of a failed batch, or fail its callers."""

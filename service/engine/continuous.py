@@ -37,6 +37,7 @@ from rnnserve.service.engine.batcher import (
     note_logged,
     request_ids,
 )
+from rnnserve.service.engine.tracing import NO_SPAN, Waiting, batch_span, enabled, waiting
 from rnnserve.service.interface import (
     BatcherClosed,
     QueueFull,
@@ -72,6 +73,7 @@ class _Work(Generic[T, R]):
     progress: asyncio.Queue[Any] | None = None  # set for streaming callers
     enqueued: float = field(default_factory=time.monotonic)
     request: RequestContext | None = field(default_factory=current_request)
+    trace: Waiting | None = field(default_factory=waiting)  # its request's span, when traced
     depth: int = 0  # how many times its chunk failed and it was split off to retry
     group: int | None = None  # a retry group: runs alone, without other items
     sent: bool = False  # progress was handed to its (streaming) caller
@@ -263,7 +265,8 @@ class ContinuousBatcher(Generic[T, R]):
         steps = 0
         compute: float | None = None
         try:
-            outcome = await self._engine([(w.key, w.item) for w in joins], leaves)
+            with self._span(running, joins):
+                outcome = await self._engine([(w.key, w.item) for w in joins], leaves)
         except asyncio.CancelledError:
             for work in running:
                 work.future.cancel()
@@ -299,6 +302,19 @@ class ContinuousBatcher(Generic[T, R]):
                     ok=ok,
                     wait_seconds=0.0 if compute is None else max(0.0, wall - compute),
                 )
+
+    def _span(self, running: list[_Work[T, R]], joins: list[_Work[T, R]]) -> Any:
+        """The chunk's span (a no-op with tracing off), linked to every running item's request;
+        the queue waits end for the items that join (a retried item's wait is not counted)."""
+        if not enabled():
+            return NO_SPAN
+        attributes = {
+            "rnnserve.batch.requests": len(running),
+            "rnnserve.batch.sequences": sum(w.size for w in running),
+            "rnnserve.batch.joined": len(joins),
+        }
+        joined = [w.trace for w in joins if w.depth == 0]
+        return batch_span(self.name, [w.trace for w in running], joined, attributes)
 
     def _failed(self, running: list[_Work[T, R]], exc: Exception) -> None:
         """Requeue, in two halves at the front, the failed chunk's items that can start over;

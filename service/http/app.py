@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +22,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
+from rnnserve.service import tracing
 from rnnserve.service.codec import bodies
 from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings, package_version
@@ -30,10 +32,14 @@ from rnnserve.service.http.routes import (
     router,
     serve_inference,
 )
+from rnnserve.service.http.tracing import Tracing
 from rnnserve.service.interface import RequestError, Runtime
 from rnnserve.service.logs import log_models
 from rnnserve.service.memory import settle_garbage_collector
 from rnnserve.service.metrics import Metrics
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +89,22 @@ def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
     return send_with_header
 
 
-def create_app(settings: Settings | None = None, *, engine_socket: str | None = None) -> App:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine_socket: str | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> App:
     """Build the app; models load and warm up in its lifespan, before it takes traffic.
 
     With ``engine_socket`` the models are the engine process's, reached over that socket, and
     ``/metrics`` reads every process's values from the Prometheus multiprocess folder.
+
+    Traced with ``tracer_provider`` if given, else as the ``OTEL_*`` variables say
+    (:mod:`rnnserve.service.tracing`; off unless they ask for it).
     """
     settings = settings if settings is not None else Settings()
+    traced, own_provider = _tracing(tracer_provider, remote_engine=engine_socket is not None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -109,6 +124,8 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
             await runtime.stop()
             app.state.codec.close()
             gc.unfreeze()
+            if own_provider is not None:  # sends the spans still buffered
+                await asyncio.get_running_loop().run_in_executor(None, own_provider.shutdown)
 
     app = App(
         title="rnnserve",
@@ -119,6 +136,7 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.tracing = traced
     # imported here, not at the top: an HTTP worker of --workers N never loads torch and the
     # models, which only the single-process server's runtime needs
     if engine_socket is None:
@@ -135,6 +153,12 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
     app.state.ready = False
     app.include_router(router)
     openapi.install(app)
+    _handle_errors(app)
+    return app
+
+
+def _handle_errors(app: App) -> None:
+    """Errors raised outside the inference endpoints' own steps, as rnnserve's JSON errors."""
 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> Response:
@@ -155,4 +179,17 @@ def create_app(settings: Settings | None = None, *, engine_socket: str | None = 
             headers=dict(exc.headers) if exc.headers else None,
         )
 
-    return app
+
+def _tracing(
+    given: TracerProvider | None, *, remote_engine: bool
+) -> tuple[Tracing | None, TracerProvider | None]:
+    """The app's tracing (also this process's: the batchers' spans, the log lines' ids), and
+    the provider it made from the ``OTEL_*`` variables, which it shuts down when it stops."""
+    own = None if given is not None else tracing.provider_from_environment(package_version())
+    provider = given if given is not None else own
+    if provider is None:
+        tracing.use(None)
+        return None, None
+    tracer = provider.get_tracer(tracing.INSTRUMENTATION, package_version())
+    tracing.use(tracer)
+    return Tracing(tracer, remote_engine), own

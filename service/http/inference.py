@@ -24,7 +24,7 @@ from rnnserve.service.codec import bodies
 from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings
 from rnnserve.service.endpoints import INFER, ROLLOUT, Endpoint
-from rnnserve.service.http import defaults, errors, negotiation
+from rnnserve.service.http import defaults, errors, negotiation, tracing
 from rnnserve.service.http.auth import Held, budget_of, read_body
 from rnnserve.service.http.outcomes import ClientGone, DeadlineExceeded
 from rnnserve.service.http.responses import BuffersResponse, error_response
@@ -127,6 +127,8 @@ class _Call:
     running: bool = False  # the model has the request
     streamed: bool = False  # a stream's own finally accounts for it
     sequences: Any = None
+    error: str | None = None  # the error type answered, for the trace
+    trace: tracing.Trace = tracing.OFF
 
     @property
     def rid(self) -> str:
@@ -150,6 +152,7 @@ def _begin(request: Request, endpoint: Endpoint, path_model: str | None) -> _Cal
     # this request's task and those it starts: the batchers log its failure with the id
     call.context = open_request(_request_id(request))
     call.headers[REQUEST_ID_HEADER] = call.rid
+    call.trace = tracing.begin(request.app.state.tracing, request, endpoint.path, call.rid)
     return call
 
 
@@ -163,10 +166,12 @@ async def serve_request(
     call = _begin(request, endpoint, path_model)
     try:
         _admit(call)
-        body = await _read(call)
-        parsed = await _decode(call, body)
-        name, served = _choose_model(call, parsed.model)
-        call.sequences = await _arrays(call, body, parsed, name, served)
+        with call.trace.step("read body"):
+            body = await _read(call)
+        with call.trace.step("decode"):
+            parsed = await _decode(call, body)
+            name, served = _choose_model(call, parsed.model)
+            call.sequences = await _arrays(call, body, parsed, name, served)
         return await _run(call, name)
     except (ClientGone, DeadlineExceeded, RequestError) as exc:
         return _refuse(call, exc)
@@ -175,6 +180,8 @@ async def serve_request(
         return _refuse(call, mapped) if mapped is not None else _internal(call, exc)
     finally:
         _account(call)
+        if not call.streamed:  # a stream's span ends with the stream
+            call.trace.end(call.code, call.error)
 
 
 def _admit(call: _Call) -> None:
@@ -279,9 +286,11 @@ async def _run(call: _Call, name: str) -> Response:
     if answer == NDJSON:
         return await _stream(call, name)
     work = runtime.infer(name, call.sequences)
-    outputs = await _unless_disconnected(call.request, work, call.deadline)
+    with call.trace.engine_call():  # its task starts inside: the engine call's span is current
+        outputs = await _unless_disconnected(call.request, work, call.deadline)
     call.code = 200
-    return await _respond(call, name, outputs, answer)
+    with call.trace.step("encode"):
+        return await _respond(call, name, outputs, answer)
 
 
 _STREAMED_OR_BINARY = (NDJSON, bodies.SAFETENSORS)  # a rollout's answers besides JSON
@@ -301,7 +310,7 @@ async def _stream(call: _Call, name: str) -> Response:
     call.streamed = True  # the stream's own finally accounts for it
     stream = ndjson(
         call.request, name, pieces, call.gauge, call.metrics, call.endpoint.label,
-        call.model_label, call.started, call.deadline,
+        call.model_label, call.started, call.deadline, call.trace,
     )  # fmt: skip
     return StreamingResponse(stream, media_type=NDJSON, headers=call.headers)
 
@@ -352,6 +361,7 @@ def _refuse(call: _Call, exc: ClientGone | DeadlineExceeded | RequestError) -> R
     label = call.endpoint.label
     if isinstance(exc, ClientGone):
         call.code = 499  # nginx's "client closed request": nobody reads this answer
+        call.error = "client_closed"
         call.metrics.cancelled.labels(label).inc()
         return Response(status_code=call.code, headers=call.headers)
     if isinstance(exc, DeadlineExceeded):
@@ -364,6 +374,7 @@ def _refuse(call: _Call, exc: ClientGone | DeadlineExceeded | RequestError) -> R
     else:
         call.metrics.rejected.labels(label, errors.public_type(exc.type)).inc()
     call.code = errors.status(exc.type)
+    call.error = errors.public_type(exc.type)
     return error_response(exc, call.headers)
 
 
@@ -371,6 +382,7 @@ def _internal(call: _Call, exc: Exception) -> Response:
     if not call.context.failure_logged:  # a batcher logs a model's failure once, with the ids
         log.exception("%s failed (request %s)", call.endpoint.label, call.rid)
     call.code = 500
+    call.error = "internal"
     failure = RequestError(
         "internal", f"internal server error; see the server log (request {call.rid})"
     )

@@ -13,11 +13,14 @@ import orjson
 from fastapi import Request
 from prometheus_client import Gauge
 
+from rnnserve.service.http.tracing import OFF, Trace
 from rnnserve.service.interface import Piece, current_request
 from rnnserve.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 NDJSON = "application/x-ndjson"
+# how a stream that did not end well ended, as the error type its trace records
+_ERROR_TYPES = {"499": "client_closed", "504": "deadline_exceeded", "500": "internal"}
 
 
 async def disconnected(request: Request) -> None:
@@ -36,6 +39,7 @@ async def ndjson(
     model_label: str,
     started: float,
     deadline: float,
+    trace: Trace = OFF,
 ) -> AsyncIterator[bytes]:
     """The streamed rollout: one line per sequence per chunk, then a closing line.
 
@@ -43,7 +47,8 @@ async def ndjson(
     line is ``{"model": ..., "done": true}``, or ``{"error": {...}}`` if the rollout failed or
     its deadline passed (``"type": "deadline_exceeded"``; counted with code 504). A client
     that goes away while a chunk runs, or whose stream is closed, has its rollout dropped at
-    the next chunk; so has a stream whose deadline passed.
+    the next chunk; so has a stream whose deadline passed. ``trace``: the request's, whose
+    server span ends with the stream.
     """
     code = "499"  # until the stream ends one way or another
     watcher = asyncio.ensure_future(disconnected(request))
@@ -96,6 +101,7 @@ async def ndjson(
             metrics.cancelled.labels(endpoint).inc()
         elapsed = time.perf_counter() - started
         metrics.request_duration.labels(endpoint, model_label, code).observe(elapsed)
+        trace.end(int(code), _ERROR_TYPES.get(code))
         watcher.cancel()
         if step is not None and not step.done():
             step.cancel()  # its iterator's own cleanup cancels the rollout

@@ -1,0 +1,121 @@
+"""OpenTelemetry tracing: what switches it on, and the SDK set up from the ``OTEL_*`` variables.
+
+Off unless the environment asks for it (docs/CONFIGURATION.md, "Tracing"): tracing is on when
+``OTEL_TRACES_EXPORTER`` names ``otlp`` or ``console``, or when it is unset and
+``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set (then ``otlp``);
+``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none`` keeps it off. Everything else (the
+endpoint, headers, timeout, compression, sampler, batch sizes, service name, resource
+attributes, propagators) the SDK reads itself, as its documentation says.
+
+Nothing of OpenTelemetry is imported unless tracing is on: the SDK and the OTLP exporter are the
+``rnnserve[tracing]`` extra, and this module imports them inside :func:`provider_from_environment`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from rnnserve.service.interface import StartupError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Tracer
+
+EXPORTERS = ("otlp", "console")
+INSTRUMENTATION = "rnnserve"  # the tracer's name, on every span rnnserve makes
+EXTRA = "pip install 'rnnserve[tracing]'"
+REQUEST_ID = "rnnserve.request_id"  # the span attribute of the request's X-Request-Id
+
+_tracer: Tracer | None = None
+
+
+def use(tracer: Tracer | None) -> None:
+    """Trace this process with ``tracer`` (``None``: off): the batchers' spans and the ids in
+    the log lines read it, as they have no app to ask."""
+    global _tracer
+    _tracer = tracer
+
+
+def tracer() -> Tracer | None:
+    """This process's tracer; ``None``: tracing is off."""
+    return _tracer
+
+
+def current_ids() -> tuple[str, str] | None:
+    """The trace id and span id of the current span, in hex; ``None``: none is current."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+
+def exporters_asked(env: Mapping[str, str]) -> list[str]:
+    """The span exporters the ``OTEL_*`` variables ask for; empty: tracing is off."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return []
+    named = env.get("OTEL_TRACES_EXPORTER")
+    if named is None or not named.strip():
+        endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        return ["otlp"] if any(env.get(v, "").strip() for v in endpoints) else []
+    names = [n.strip().lower() for n in named.split(",") if n.strip()]
+    if names == ["none"]:
+        return []
+    unknown = [n for n in names if n not in EXPORTERS]
+    if unknown:
+        raise StartupError(
+            f"OTEL_TRACES_EXPORTER={named}: rnnserve exports spans with "
+            f"{' or '.join(EXPORTERS)} (or none), not {', '.join(unknown)}"
+        )
+    return names
+
+
+def provider_from_environment(
+    version: str = "", env: Mapping[str, str] | None = None
+) -> TracerProvider | None:
+    """A tracer provider exporting as the ``OTEL_*`` variables say; ``None``: tracing is off.
+
+    Raises :class:`StartupError` when they ask for tracing and the extra is not installed, or
+    for an exporter rnnserve does not ship.
+    """
+    env = os.environ if env is None else env
+    names = exporters_asked(env)
+    if not names:
+        return None
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", env.get("OTEL_EXPORTER_OTLP_PROTOCOL"))
+    if "otlp" in names and protocol not in (None, "", "http/protobuf"):
+        raise StartupError(
+            f"OTLP protocol {protocol}: rnnserve exports OTLP over http/protobuf only "
+            "(set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf or leave it unset)"
+        )
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            ConsoleSpanExporter,
+            SimpleSpanProcessor,
+        )
+    except ImportError as exc:
+        raise StartupError(
+            f"the OTEL_* variables ask for tracing ({', '.join(names)}) but the OpenTelemetry "
+            f"SDK is not installed: {EXTRA}"
+        ) from exc
+    # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, read by the SDK, win over these defaults
+    resource = Resource.create()
+    ours = {} if SERVICE_VERSION in resource.attributes else {SERVICE_VERSION: version}
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        ours[SERVICE_NAME] = INSTRUMENTATION
+    resource = resource.merge(Resource({k: v for k, v in ours.items() if v}))
+    provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
+    if "otlp" in names:
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    if "console" in names:  # for a look at the spans: one line of stdout each, as they end
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    return provider
