@@ -15,6 +15,7 @@ server (:mod:`rnnserve.service.lifeline`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import logging
 import math
@@ -26,13 +27,14 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
 import uvicorn
 from pydantic import SecretStr, ValidationError
 from pydantic_settings import CliSettingsSource
+from uvicorn.supervisors import Multiprocess
 
 from rnnserve.service.config import Settings, package_version, unknown_environment
 from rnnserve.service.http.app import ENGINE_SOCKET_ENV, create_app, create_worker_app
@@ -70,7 +72,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     log.info("rnnserve %s; %s", package_version(), settings_line(settings))
     if settings.workers > 1:
         sys.exit(serve_with_workers(settings))
-    uvicorn.run(create_app(settings), **uvicorn_options(settings))
+    app = create_app(settings)
+    reload_on_hangup(app.state.runtime.reload_soon)
+    uvicorn.run(app, **uvicorn_options(settings))
+
+
+def reload_on_hangup(reload_soon: Callable[[str], None]) -> None:
+    """SIGHUP reloads the model directory instead of ending the server (uvicorn handles only
+    SIGINT and SIGTERM in a single process)."""
+    signal.signal(signal.SIGHUP, lambda *_: reload_soon("SIGHUP"))
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
@@ -211,6 +221,7 @@ def settings_environment(settings: Settings) -> dict[str, str]:
 
 
 def _supervise(settings: Settings, socket_path: str) -> int:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the models are loading: the files as they are
     spawn = multiprocessing.get_context("spawn")
     ready_recv, ready_send = spawn.Pipe(duplex=False)
     proc = spawn.Process(
@@ -239,13 +250,7 @@ def _supervise(settings: Settings, socket_path: str) -> int:
 
     threading.Thread(target=watch_engine, name="rnnserve-engine-watch", daemon=True).start()
     try:
-        uvicorn.run(
-            "rnnserve.service.cli:worker_app",
-            factory=True,
-            workers=settings.workers,
-            **uvicorn_options(settings),
-            **_worker_healthcheck(),
-        )
+        _run_workers(settings, pid)
     finally:
         # the workers have finished their requests and gone: now the engine drains
         stopping.set()
@@ -257,6 +262,37 @@ def _supervise(settings: Settings, socket_path: str) -> int:
             proc.kill()
             proc.join()
     return 1 if died.is_set() or proc.exitcode else 0
+
+
+class _Supervisor(Multiprocess):
+    """uvicorn's supervisor of the HTTP workers, except that SIGHUP goes to the engine, which
+    reloads the model directory and tells the workers the new model list (uvicorn's own SIGHUP
+    would restart the workers and leave the models as they are)."""
+
+    engine_pid = 0
+
+    def handle_hup(self) -> None:
+        log.info("SIGHUP: the engine process %d reloads the model directory", self.engine_pid)
+        os.kill(self.engine_pid, signal.SIGHUP)
+
+
+def _run_workers(settings: Settings, engine_pid: int) -> None:
+    """What ``uvicorn.run(..., workers=N)`` does, with :class:`_Supervisor` as the supervisor."""
+    config = uvicorn.Config(
+        "rnnserve.service.cli:worker_app",
+        factory=True,
+        workers=settings.workers,
+        **uvicorn_options(settings),
+        **_worker_healthcheck(),
+    )
+    sockets = [config.bind_socket()]
+    if "target" in inspect.signature(Multiprocess.__init__).parameters:  # older uvicorn
+        supervisor = _Supervisor(config, target=uvicorn.Server(config).run, sockets=sockets)  # type: ignore[call-arg]
+    else:
+        supervisor = _Supervisor(config, sockets=sockets)
+    supervisor.engine_pid = engine_pid
+    with contextlib.suppress(KeyboardInterrupt):
+        supervisor.run()
 
 
 def worker_app() -> Any:

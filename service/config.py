@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     model_dir: Path | None = Field(
         None, description="Folder of <name>.safetensors models to serve; unset: the bundled ones."
     )
+    reload_poll_s: float = Field(
+        0.0,
+        ge=0,
+        description="Look at the model dir every this many seconds and reload it when a file "
+        "changed (0: never; SIGHUP and POST /admin/reload reload it too).",
+    )
     trust_torchscript: bool = Field(
         False,
         description="Serve <name>.torchscript.pt files in the model dir. TorchScript files are "
@@ -183,8 +189,8 @@ class Settings(BaseSettings):
     )
     api_token: SecretStr | None = Field(
         None,
-        description="Bearer token required by /smooth, /rollout, /models and /metrics; "
-        "unset: none required.",
+        description="Bearer token required by /smooth, /rollout, /models, /metrics and "
+        "/admin/reload; unset: none required.",
     )
     api_token_file: Path | None = Field(
         None, description="File holding the bearer token (instead of RNNSERVE_API_TOKEN)."

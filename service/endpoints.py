@@ -59,7 +59,7 @@ INFER = Endpoint(
 INFERENCE = (SMOOTH, ROLLOUT, INFER)
 
 # the ``endpoint`` label of every other route that counts its refusals (the bearer token)
-OTHER_LABELS = {"/models": "models", "/metrics": "metrics"}
+OTHER_LABELS = {"/models": "models", "/metrics": "metrics", "/admin/reload": "admin"}
 
 
 def native(kind: str) -> Endpoint | None:

@@ -7,9 +7,9 @@ and the models all import it, so an HTTP worker of ``rnnserve --workers N`` neve
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
 
 import numpy as np
@@ -118,6 +118,44 @@ class ServedInfo(Protocol):
     def input_dim(self) -> int: ...
     @property
     def info(self) -> dict[str, Any]: ...
+    @property
+    def version(self) -> str:
+        """A fingerprint of the model's file (weights and config): the first hex digits of its
+        sha256, so a reload tells a changed file from one written again unchanged."""
+
+    @property
+    def loaded_at(self) -> float:
+        """When this version was loaded (Unix time)."""
+
+
+@dataclass
+class ReloadReport:
+    """What one reload of the model directory did, by model name; ``failed`` maps a model (or
+    ``""``: the directory itself) to why its new file was refused, its old version served on."""
+
+    loaded: list[str] = field(default_factory=list)  # new names, now served
+    changed: list[str] = field(default_factory=list)  # a new version swapped in
+    removed: list[str] = field(default_factory=list)  # file gone: no longer served
+    unchanged: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def changes_models(self) -> bool:
+        return bool(self.loaded or self.changed or self.removed)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "loaded": self.loaded,
+            "changed": self.changed,
+            "removed": self.removed,
+            "unchanged": self.unchanged,
+            "failed": [{"model": name or None, "error": why} for name, why in self.failed.items()],
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ReloadReport:
+        failed = {f["model"] or "": f["error"] for f in doc["failed"]}
+        return cls(doc["loaded"], doc["changed"], doc["removed"], doc["unchanged"], failed)
 
 
 class Runtime(Protocol):
@@ -125,7 +163,10 @@ class Runtime(Protocol):
     :class:`rnnserve.service.ipc.worker_side.RemoteRuntime` in an HTTP worker of ``rnnserve
     --workers N``. Both raise the same errors: ``UnknownModel``, ``QueueFull``, ``BatcherClosed``,
     ``StreamingUnavailable``, and ``NonFiniteInput`` for sequences that hold a NaN or an
-    infinity (the HTTP layer need not check binary bodies for them)."""
+    infinity (the HTTP layer need not check binary bodies for them).
+
+    ``models`` is replaced, never changed in place, when a reload changes what is served; the
+    callbacks given to ``on_models_changed`` are called then (``/openapi.json`` is rebuilt)."""
 
     @property
     def models(self) -> Mapping[str, ServedInfo]: ...
@@ -138,6 +179,8 @@ class Runtime(Protocol):
     async def open_stream(
         self, name: str, sequences: FlatSequences
     ) -> AsyncIterator[list[Piece]]: ...
+    async def reload(self) -> ReloadReport: ...
+    def on_models_changed(self, callback: Callable[[], None]) -> None: ...
 
 
 @dataclass(eq=False)

@@ -141,6 +141,14 @@ class Metrics:
             ["endpoint"],
             registry=r,
         )
+        self.model_reloads = Counter(
+            "rnnserve_model_reloads",
+            "Models a reload of the model directory changed, by result: loaded (a new name), "
+            "changed (a new version swapped in), removed, failed (the new file was refused; "
+            "the old version serves on).",
+            ["result"],
+            registry=r,
+        )
         self.inflight_bytes = Gauge(
             "rnnserve_request_bytes_in_flight",
             "Request body bytes being read, parsed, queued or run now, and bytes of answers not "
@@ -150,8 +158,7 @@ class Metrics:
         )
         self.write_timeouts = Counter(
             "rnnserve_write_timeouts_total",
-            "Connections closed because the client did not read its answer within "
-            "write_timeout_s.",
+            "Connections closed because the client did not read its answer within write_timeout_s.",
             registry=r,
         )
 

@@ -11,6 +11,10 @@ requests and gone. On SIGTERM the engine waits for the workers still connected (
 ``drain_timeout_s``), then drains its batchers and exits. SIGINT (Ctrl-C reaches the whole
 process group) is left to the parent. If the parent dies, the engine gets SIGTERM from the kernel
 (Linux) and also sees it in its own poll of the parent's pid, and stops the same way.
+
+SIGHUP (the parent passes its own on) reloads the model directory
+(:meth:`~rnnserve.service.engine.runtime.ModelRuntime.reload`); the workers learn the new model
+list from the engine.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ def run(settings: Settings, socket_path: str, ready: Connection) -> None:
     """Process entry point: load and warm the models, serve them, send our pid on ``ready``."""
     configure_logging(settings)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload, once serving; never the end
     parent_death_signal(signal.SIGTERM)  # at once when the parent dies; serve() also polls it
     try:
         import uvloop  # with uvicorn[standard]; the workers run on it too
@@ -63,6 +68,8 @@ async def serve(settings: Settings, socket_path: str, ready: Connection | None =
     log_models(runtime.models, log)
     server = EngineServer(runtime, socket_path)
     await server.start()
+    runtime.on_models_changed(server.announce_models)
+    loop.add_signal_handler(signal.SIGHUP, runtime.reload_soon, "SIGHUP")
     settle_garbage_collector()
     log.info("engine (pid %d) serving on %s", os.getpid(), socket_path)
     if ready is not None:

@@ -12,6 +12,7 @@ for a long one.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -35,16 +36,24 @@ from rnnserve.service.config import Settings
 from rnnserve.service.engine.batcher import DynamicBatcher, ItemError, TimedResults
 from rnnserve.service.engine.chunked_rollout import ChunkedRollout
 from rnnserve.service.engine.continuous import ChunkOutcome, ContinuousBatcher
+from rnnserve.service.engine.reload import (
+    directory_state,
+    file_version,
+    model_file,
+    poll_directory,
+)
 from rnnserve.service.interface import (
     FlatSequences,
     NonFiniteInput,
     Piece,
+    ReloadReport,
     StartupError,
     StreamingUnavailable,
     UnknownModel,
     is_out_of_memory,
     quote,
 )
+from rnnserve.service.memory import settle_garbage_collector
 from rnnserve.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -65,6 +74,8 @@ class ServedModel:
     batcher: DynamicBatcher[Item, Item] | ContinuousBatcher[Item, Item] = field(repr=False)
     executor: ThreadPoolExecutor = field(repr=False)
     checks_finite: bool = False  # the model finds NaN and infinity in its own pass over them
+    version: str = ""  # a fingerprint of the file it was loaded from (reload.file_version)
+    loaded_at: float = 0.0  # Unix time
 
 
 def _refuse_non_finite(served: ServedModel, sequences: Item) -> None:
@@ -87,18 +98,32 @@ def preflight(settings: Settings) -> list[str]:
     or a file that is not a servable model raises :class:`StartupError` with one line that
     names the setting or file and says what to do.
     """
+    check_device(settings)
+    names = check_model_dir(settings)
+    for name in names:
+        check_model(name, settings)
+    return names
+
+
+def check_device(settings: Settings) -> None:
     device = resolve_device(settings.device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            why = "this torch build has no CUDA" if torch.version.cuda is None else "no GPU found"
-            raise StartupError(
-                f"--device {settings.device}: CUDA is not available ({why}); "
-                "use --device cpu, or auto to take a GPU when there is one"
-            )
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise StartupError(
-                f"--device {settings.device}: this host has {torch.cuda.device_count()} GPU(s)"
-            )
+    if device.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no GPU found"
+        raise StartupError(
+            f"--device {settings.device}: CUDA is not available ({why}); "
+            "use --device cpu, or auto to take a GPU when there is one"
+        )
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise StartupError(
+            f"--device {settings.device}: this host has {torch.cuda.device_count()} GPU(s)"
+        )
+
+
+def check_model_dir(settings: Settings) -> list[str]:
+    """The checks of the whole model directory (at start-up and at each reload): it exists,
+    holds no pickle, no untrusted TorchScript file, and at least one model; their names."""
     where = settings.model_dir
     if where is not None and not where.is_dir():
         raise StartupError(f"--model-dir {where}: no such directory")
@@ -127,12 +152,15 @@ def preflight(settings: Settings) -> list[str]:
         raise StartupError(
             f"--model-dir {where}: holds no <name>.safetensors model; nothing to serve"
         )
-    for name in names:
-        try:
-            models.read(name, where, trust_torchscript=settings.trust_torchscript)
-        except (models.ModelLoadError, models.ModelNotFound) as exc:
-            raise StartupError(str(exc)) from exc
     return names
+
+
+def check_model(name: str, settings: Settings) -> None:
+    """Model ``name``'s file is a servable model (``models.read``: loading runs the same)."""
+    try:
+        models.read(name, settings.model_dir, trust_torchscript=settings.trust_torchscript)
+    except (models.ModelLoadError, models.ModelNotFound) as exc:
+        raise StartupError(str(exc)) from exc
 
 
 def run_model(module: nn.Module, packed: PackedSequence) -> PackedSequence:
@@ -145,50 +173,218 @@ def run_model(module: nn.Module, packed: PackedSequence) -> PackedSequence:
 
 
 class ModelRuntime:
-    """Models, their batchers and the worker thread, started and stopped with the app."""
+    """Models, their batchers and the worker thread, started and stopped with the app.
+
+    Each version of a model has its own batcher and worker thread: a reload loads and warms a
+    new version beside the one being served, then swaps it in, and the old version finishes
+    the requests it was given, so a batch always runs on exactly one version.
+    """
 
     def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.device = resolve_device(settings.device)
-        self.models: dict[str, ServedModel] = {}
+        self.models: dict[str, ServedModel] = {}  # replaced, never changed, by a reload
+        self._listeners: list[Callable[[], None]] = []
+        self._reloading = asyncio.Lock()  # one reload at a time, whatever asked for it
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._poll: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()  # reloads asked for, old versions
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        threads = self.settings.torch_threads
-        torch.set_num_threads(threads)
-        loop = asyncio.get_running_loop()
-        for name in preflight(self.settings):
-            # the thread that loads and warms a model is the one that runs it
-            executor = ThreadPoolExecutor(
-                max_workers=1,
-                thread_name_prefix=f"rnnserve-{name}",
-                initializer=torch.set_num_threads,
-                initargs=(threads,),
-            )
-            try:
-                module = await loop.run_in_executor(executor, self._load_and_warm, name)
-                example = await loop.run_in_executor(executor, self._example, name, module)
-            except BaseException:
-                executor.shutdown(wait=False)
-                raise
-            self.models[name] = self._serve(name, module, executor)
-            # the documented request and its real answer (GET /models, /openapi.json)
-            self.models[name].info["example"] = example
-        for served in self.models.values():
-            served.batcher.start()
+        torch.set_num_threads(self.settings.torch_threads)
+        self._loop = asyncio.get_running_loop()
+        files = directory_state(self.settings.model_dir)  # a change while loading: reloaded
+        served: dict[str, ServedModel] = {}
+        try:
+            for name in preflight(self.settings):
+                served[name] = await self._load_version(name)
+        except BaseException:
+            for loaded in served.values():
+                loaded.executor.shutdown(wait=False)
+            raise
+        for loaded in served.values():
+            loaded.batcher.start()
+        self.models = served
         log.info("serving %s on %s", ", ".join(sorted(self.models)), self.device)
+        if self.settings.reload_poll_s > 0:
+            where, period = self.settings.model_dir, self.settings.reload_poll_s
+            self._poll = asyncio.ensure_future(poll_directory(where, period, self.reload, files))
 
     async def stop(self) -> None:
+        if self._poll is not None:
+            self._poll.cancel()
+        while self._background:  # a reload under way, old versions finishing their requests
+            await asyncio.gather(*list(self._background), return_exceptions=True)
         await asyncio.gather(
             *(m.batcher.close(self.settings.drain_timeout_s) for m in self.models.values())
         )
         for served in self.models.values():
             served.executor.shutdown(wait=True)
 
-    def _load_and_warm(self, name: str) -> nn.Module:
-        started = time.perf_counter()
+    async def _load_version(self, name: str) -> ServedModel:
+        """Load, warm and describe the model in ``name``'s file now, on a new worker thread
+        (the thread that loads and warms a model is the one that runs it); not started."""
+        threads = self.settings.torch_threads
+        executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix=f"rnnserve-{name}",
+            initializer=torch.set_num_threads,
+            initargs=(threads,),
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            module, version = await loop.run_in_executor(executor, self._load_and_warm, name)
+            example = await loop.run_in_executor(executor, self._example, name, module)
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        served = self._serve(name, module, executor)
+        served.version, served.loaded_at = version, time.time()
+        # the documented request and its real answer (GET /models, /openapi.json)
+        served.info["example"] = example
+        return served
+
+    # -- reloads ----------------------------------------------------------------------------
+
+    def on_models_changed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the event loop) each time a reload changes the served models."""
+        self._listeners.append(callback)
+
+    def reload_soon(self, why: str = "SIGHUP") -> None:
+        """Reload in the background; safe from a signal handler or another thread."""
+        if self._loop is None:
+            log.warning("%s: the models are still loading; nothing reloaded", why)
+            return
+        self._loop.call_soon_threadsafe(self._reload_in_background, why)
+
+    def _reload_in_background(self, why: str) -> None:
+        log.info("%s: reloading the model directory", why)
+        self._keep(asyncio.ensure_future(self.reload()))
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def reload(self) -> ReloadReport:
+        """Serve what the model directory holds now: each new or changed file is checked as at
+        start-up, loaded and warmed beside the version served, then swapped in; a file that
+        fails leaves its model on the old version; a removed file stops its model once its
+        requests are done. A directory that fails the start-up checks changes nothing."""
+        async with self._reloading:
+            report = ReloadReport()
+            try:
+                names = await asyncio.to_thread(check_model_dir, self.settings)
+            except StartupError as exc:
+                log.error("reload refused, nothing changed: %s", exc)
+                report.failed[""] = str(exc)
+            else:
+                fresh: dict[str, ServedModel] = {}
+                for name in names:
+                    await self._reload_one(name, report, fresh)
+                for name in self.models:
+                    if name not in names:
+                        self._remove(name, report)
+                self._swap(fresh, report.removed)
+            self._count(report)
+            return report
+
+    async def _reload_one(self, name: str, report: ReloadReport, fresh: dict[str, Any]) -> None:
+        old = self.models.get(name)
+        try:
+            path = model_file(name, self.settings.model_dir)
+            version = await asyncio.to_thread(file_version, path)
+            if old is not None and old.version == version:
+                report.unchanged.append(name)
+                return
+            served = await self._load_version(name)
+        except Exception as exc:  # any failure keeps the old version serving
+            self._refuse(name, old, str(exc), report)
+            return
+        refusal = self._default_refusal(name, served.kind)
+        if refusal is not None:
+            served.executor.shutdown(wait=False)
+            self._refuse(name, old, refusal, report)
+            return
+        fresh[name] = served
+        if old is None:
+            report.loaded.append(name)
+            log.info("reload: serving the new model %s, version %s", name, served.version)
+        else:
+            report.changed.append(name)
+            log.info("reload: %s is now version %s (was %s)", name, served.version, old.version)
+
+    def _refuse(self, name: str, old: ServedModel | None, why: str, report: ReloadReport) -> None:
+        report.failed[name] = why
+        kept = f"version {old.version} serves on" if old is not None else "not served"
+        log.error("reload: the new file of %s is refused (%s): %s", name, kept, why)
+
+    def _remove(self, name: str, report: ReloadReport) -> None:
+        refusal = self._default_refusal(name, None)
+        if refusal is not None:
+            self._refuse(name, self.models[name], refusal, report)
+            return
+        report.removed.append(name)
+        log.info("reload: %s's file is gone; it stops once its requests are done", name)
+
+    def _default_refusal(self, name: str, kind: str | None) -> str | None:
+        """Why a reload may not make model ``name`` a ``kind`` model (``None``: remove it),
+        if it is a configured default: the start-up refuses such a server too."""
+        configured = {
+            "smoother": self.settings.default_smoother,
+            "traveller": self.settings.default_traveller,
+        }
+        for wanted, default in configured.items():
+            if name == default and kind != wanted:
+                change = "remove it" if kind is None else f"make it a {kind}"
+                return f"'{name}' is --default-{wanted}: a reload may not {change}"
+        return None
+
+    def _swap(self, fresh: dict[str, ServedModel], removed: list[str]) -> None:
+        """Serve ``fresh`` and stop serving ``removed``, in one step on the event loop: each
+        request then goes to one version, which runs its whole batch."""
+        if not fresh and not removed:
+            return
+        for served in fresh.values():
+            served.batcher.start()
+        old = [self.models[name] for name in (*fresh, *removed) if name in self.models]
+        kept = {name: m for name, m in self.models.items() if name not in removed}
+        self.models = dict(sorted({**kept, **fresh}.items()))
+        for callback in self._listeners:
+            try:
+                callback()
+            except Exception:
+                log.exception("a listener of the model list failed")
+        self._keep(asyncio.ensure_future(self._retire(old)))
+
+    async def _retire(self, old: list[ServedModel]) -> None:
+        """Let old versions finish the requests they were given, then free them."""
+        await asyncio.gather(*(m.batcher.close(self.settings.drain_timeout_s) for m in old))
+        for served in old:
+            served.executor.shutdown(wait=False)
+        if gc.get_freeze_count():  # the old versions were frozen with the rest: let them go
+            gc.unfreeze()
+            settle_garbage_collector()
+
+    def _count(self, report: ReloadReport) -> None:
+        if self.metrics is None:
+            return
+        counter = self.metrics.model_reloads
+        for result, names in (
+            ("loaded", report.loaded),
+            ("changed", report.changed),
+            ("removed", report.removed),
+            ("failed", report.failed),
+        ):
+            if names:
+                counter.labels(result).inc(len(names))
+
+    def _read(self, name: str) -> tuple[nn.Module, str]:
+        """The model in ``name``'s file, on the device, and the version it was read from."""
+        path = model_file(name, self.settings.model_dir)
+        version = file_version(path)
         module = models.load(
             name,
             self.settings.model_dir,
@@ -196,6 +392,13 @@ class ModelRuntime:
             rollout_backend=self.settings.rollout_backend,
             trust_torchscript=self.settings.trust_torchscript,
         )
+        if file_version(path) != version:  # replaced while it was read: which one is this?
+            raise models.ModelLoadError(f"{path}: the file changed while it was read")
+        return module, version
+
+    def _load_and_warm(self, name: str) -> tuple[nn.Module, str]:
+        started = time.perf_counter()
+        module, version = self._read(name)
         dim = _input_dim(module)
         if isinstance(module, Traveller) and module.rollout_backend == "triton":
             from rnnserve.models.kernels.rollout_triton import warm_up
@@ -232,7 +435,7 @@ class ModelRuntime:
                 while chunked.running_sequences:
                     chunked.advance([], [])
         log.info("loaded and warmed %s in %.2f s", name, time.perf_counter() - started)
-        return module
+        return module, version
 
     def _example(self, name: str, module: nn.Module) -> dict[str, Any]:
         """The model's answer to the documented example request, computed the way a lone

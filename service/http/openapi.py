@@ -12,6 +12,7 @@ answers to those requests, computed at start-up (:mod:`rnnserve.service.examples
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.resources
 import re
@@ -31,6 +32,7 @@ from rnnserve.service.codec import bodies
 from rnnserve.service.config import Settings, package_version
 from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH
 from rnnserve.service.http import defaults, errors
+from rnnserve.service.http.routes import listing
 from rnnserve.service.interface import ServedInfo
 from rnnserve.service.metrics import CONTENT_TYPE
 
@@ -43,6 +45,7 @@ TAGS = [
     {"name": "models", "description": "What is served, the default models and the settings."},
     {"name": "health", "description": "Liveness and readiness probes (never need a token)."},
     {"name": "metrics", "description": "Prometheus text exposition of rnnserve_* metrics."},
+    {"name": "admin", "description": "Reload the model directory while serving."},
 ]
 _PATH_TAGS = {
     **{e.path: "inference" for e in endpoints.INFERENCE},
@@ -107,6 +110,15 @@ def install(app: FastAPI) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    app.state.runtime.on_models_changed(lambda: _models_changed(app))
+
+
+def _models_changed(app: FastAPI) -> None:
+    """A reload changed the served models: describe the new ones at the next request, and
+    resolve each endpoint's default model again (``inference.py`` keeps it per app)."""
+    app.openapi_schema = None
+    with contextlib.suppress(AttributeError):
+        del app.state.default_models
 
 
 def refresh(app: FastAPI) -> None:
@@ -577,7 +589,7 @@ def _models(op: dict[str, Any], served: Mapping[str, ServedInfo], settings: Sett
         "shown as asterisks, never their value)."
     )
     example = {
-        "models": [{"name": name, **served[name].info} for name in sorted(served)],
+        "models": [listing(served[name]) for name in sorted(served)],
         "defaults": {
             path: defaults.default_model(served, kind, settings)
             for kind, path in defaults.ENDPOINT.items()

@@ -4,6 +4,7 @@ are :mod:`rnnserve.service.http.inference`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,7 +22,7 @@ from rnnserve.service.http.auth import AUTH, bearer, check_token
 from rnnserve.service.http.inference import serve_request
 from rnnserve.service.http.responses import ErrorBody, error_response, json_response
 from rnnserve.service.http.validation import SCHEMAS
-from rnnserve.service.interface import RequestError, Runtime
+from rnnserve.service.interface import EngineUnavailable, RequestError, Runtime, ServedInfo
 from rnnserve.service.metrics import CONTENT_TYPE
 
 router = APIRouter()
@@ -78,7 +79,7 @@ async def list_models(request: Request) -> dict[str, Any]:
     runtime: Runtime = request.app.state.runtime
     settings: Settings = request.app.state.settings
     return {
-        "models": [{"name": m.name, **m.info} for m in runtime.models.values()],
+        "models": [listing(m) for m in runtime.models.values()],
         # which model a request without "model" gets, per endpoint (null: it must name one)
         "defaults": {
             path: defaults.default_model(runtime.models, kind, settings)
@@ -86,6 +87,46 @@ async def list_models(request: Request) -> dict[str, Any]:
         },
         "settings": settings.public(),  # the effective settings; secrets never shown
     }
+
+
+def listing(m: ServedInfo) -> dict[str, Any]:
+    """One model in ``GET /models``: its name, the version served and when it was loaded, then
+    what the runtime describes of it."""
+    loaded = datetime.fromtimestamp(m.loaded_at, UTC).isoformat(timespec="seconds")
+    return {"name": m.name, "version": m.version, "loaded_at": loaded, **m.info}
+
+
+class ReloadFailure(BaseModel):
+    model: str | None  # None: the model directory itself failed the checks; nothing changed
+    error: str
+
+
+class ReloadAnswer(BaseModel):
+    """What a reload did, by model name, and the version of each model served after it."""
+
+    loaded: list[str]
+    changed: list[str]
+    removed: list[str]
+    unchanged: list[str]
+    failed: list[ReloadFailure]
+    models: dict[str, str]
+
+
+@router.post(
+    "/admin/reload",
+    summary="Reload the model directory: new and changed models swapped in, removed ones "
+    "stopped, without downtime",
+    dependencies=AUTH,
+    responses={200: {"model": ReloadAnswer}, **errors.openapi_responses((401, 503), ErrorBody)},
+)
+async def reload_models(request: Request) -> Response:
+    runtime: Runtime = request.app.state.runtime
+    try:
+        report = await runtime.reload()
+    except EngineUnavailable as exc:
+        return error_response(RequestError("engine_unavailable", str(exc)))
+    served = {m.name: m.version for m in runtime.models.values()}
+    return json_response({**report.as_json(), "models": served})
 
 
 @router.get(

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import os
+from typing import Any
 
 import orjson
 
@@ -38,6 +39,7 @@ class _Connection:
     ) -> None:
         self.runtime, self.reader, self.writer = runtime, reader, writer
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.greeted = False  # it has the model list: later changes are sent to it
 
     async def serve(self) -> None:
         try:
@@ -57,9 +59,10 @@ class _Connection:
     def _dispatch(self, frame: Frame) -> None:
         if frame.op == Op.HELLO:
             self._send(Frame(Op.HELLO, frame.id, text=self._hello()))
-        elif frame.op in (Op.INFER, Op.STREAM):
-            run = self._infer if frame.op == Op.INFER else self._stream
-            task = asyncio.ensure_future(run(frame))
+            self.greeted = True
+        elif frame.op in (Op.INFER, Op.STREAM, Op.RELOAD):
+            run = {Op.INFER: self._infer, Op.STREAM: self._stream, Op.RELOAD: self._reload}
+            task = asyncio.ensure_future(run[frame.op](frame))
             self.tasks[frame.id] = task
             task.add_done_callback(functools.partial(self._forget, frame.id))
         elif frame.op == Op.CANCEL:
@@ -74,11 +77,19 @@ class _Connection:
         self.tasks.pop(call_id, None)
 
     def _hello(self) -> bytes:
-        served = [
-            {"name": m.name, "kind": m.kind, "input_dim": m.input_dim, "info": m.info}
-            for m in self.runtime.models.values()
-        ]
-        return orjson.dumps({"pid": os.getpid(), "models": served})
+        return orjson.dumps({"pid": os.getpid(), "models": served_models(self.runtime)})
+
+    async def _reload(self, frame: Frame) -> None:
+        try:
+            report = await self.runtime.reload()
+            # the MODELS frame of a change went to every worker before this answer
+            reply = Frame(Op.RELOADED, frame.id, text=orjson.dumps(report.as_json()))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("the reload failed")
+            reply = error_frame(frame.id, exc, logged=True)
+        await self._reply(reply)
 
     async def _infer(self, frame: Frame) -> None:
         request: RequestContext | None = None
@@ -125,8 +136,24 @@ class _Connection:
             await self.writer.drain()
 
 
+def served_models(runtime: Runtime) -> list[dict[str, Any]]:
+    """The served models as the workers learn them (HELLO, MODELS)."""
+    return [
+        {
+            "name": m.name,
+            "kind": m.kind,
+            "input_dim": m.input_dim,
+            "info": m.info,
+            "version": m.version,
+            "loaded_at": m.loaded_at,
+        }
+        for m in runtime.models.values()
+    ]
+
+
 class EngineServer:
-    """Serves a runtime's models to HTTP workers on a Unix domain socket."""
+    """Serves a runtime's models to HTTP workers on a Unix domain socket;
+    :meth:`announce_models` tells every connected worker the new model list."""
 
     def __init__(self, runtime: Runtime, path: str) -> None:
         self.runtime = runtime
@@ -135,6 +162,13 @@ class EngineServer:
         self._connections: dict[_Connection, asyncio.Task[None]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+
+    def announce_models(self) -> None:
+        """Send the served models to every worker: call it each time a reload changes them."""
+        frame = Frame(Op.MODELS, text=orjson.dumps({"models": served_models(self.runtime)}))
+        for connection in self._connections:
+            if connection.greeted:
+                connection._send(frame)
 
     @property
     def connections(self) -> int:

@@ -18,6 +18,9 @@ does) and flags the ERROR frame :data:`LOGGED`, so the worker does not log it a 
 op          direction      sections
 =========== ============== =============================================================
 HELLO       both           worker: nothing; engine: JSON ``{"pid", "models": [...]}``
+MODELS      engine->worker JSON ``{"models": [...]}``: a reload changed them (call id 0)
+RELOAD      worker->engine nothing: reload the model directory (``POST /admin/reload``)
+RELOADED    engine->worker JSON: what the reload did (``ReloadReport.as_json``)
 INFER       worker->engine ``model\\0request id``, lengths ``[N]``, rows ``[sum T_i, F]``
 STREAM      worker->engine the same; answered ACCEPTED, PROGRESS..., END (or ERROR)
 CANCEL      worker->engine nothing: the caller went away, drop the request's work
@@ -72,6 +75,9 @@ class Op(enum.IntEnum):
     PROGRESS = 7
     END = 8
     ERROR = 9
+    RELOAD = 10
+    RELOADED = 11
+    MODELS = 12
 
 
 class Code(enum.IntEnum):

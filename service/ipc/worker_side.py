@@ -17,6 +17,7 @@ from rnnserve.service.interface import (
     EngineUnavailable,
     FlatSequences,
     Piece,
+    ReloadReport,
     RequestContext,
     UnknownModel,
     current_request,
@@ -34,6 +35,14 @@ from rnnserve.service.ipc.frames import (
     request_frame,
 )
 
+
+def _result_of(frame: Frame) -> Any:
+    """A RESULT frame's output rows, or a RELOADED frame's report."""
+    if frame.op == Op.RELOADED:
+        return ReloadReport.from_json(orjson.loads(frame.text))
+    return FlatSequences(frame.rows, frame.ints)
+
+
 log = logging.getLogger(__name__)
 
 
@@ -45,6 +54,18 @@ class RemoteModel:
     kind: str
     input_dim: int
     info: dict[str, Any]
+    version: str
+    loaded_at: float
+
+    @classmethod
+    def all_of(cls, served: list[dict[str, Any]]) -> dict[str, RemoteModel]:
+        """The models of a HELLO or MODELS frame's list, by name."""
+        return {
+            m["name"]: cls(
+                m["name"], m["kind"], int(m["input_dim"]), m["info"], m["version"], m["loaded_at"]
+            )
+            for m in served
+        }
 
 
 _END = object()
@@ -108,6 +129,7 @@ class RemoteRuntime:
         self._ids = itertools.count(1)
         self._available = False
         self._stopping = False
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def models(self) -> Mapping[str, RemoteModel]:
@@ -137,10 +159,7 @@ class RemoteRuntime:
             raise EngineUnavailable("the engine did not say hello")
         served = orjson.loads(hello.text)
         self.engine_pid = int(served["pid"])
-        self._models = {
-            m["name"]: RemoteModel(m["name"], m["kind"], int(m["input_dim"]), m["info"])
-            for m in served["models"]
-        }
+        self._models = RemoteModel.all_of(served["models"])
         self._reader, self._writer = reader, writer
         self._available = True
         self._reading = asyncio.ensure_future(self._read())
@@ -181,14 +200,29 @@ class RemoteRuntime:
             if self.on_lost is not None:
                 self.on_lost()
 
+    def on_models_changed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` each time the engine says a reload changed the served models."""
+        self._listeners.append(callback)
+
+    def _models_changed(self, frame: Frame) -> None:
+        self._models = RemoteModel.all_of(orjson.loads(frame.text)["models"])
+        for callback in self._listeners:
+            try:
+                callback()
+            except Exception:
+                log.exception("a listener of the model list failed")
+
     def _deliver(self, frame: Frame) -> None:
+        if frame.op == Op.MODELS:
+            self._models_changed(frame)
+            return
         call = self._calls.get(frame.id)
         if call is None:  # a call that was cancelled meanwhile
             return
-        if frame.op == Op.RESULT:
+        if frame.op in (Op.RESULT, Op.RELOADED):
             del self._calls[frame.id]
             if not call.future.done():
-                call.future.set_result(FlatSequences(frame.rows, frame.ints))
+                call.future.set_result(_result_of(frame))
         elif frame.op == Op.ACCEPTED:
             if not call.future.done():
                 call.future.set_result(None)
@@ -240,16 +274,35 @@ class RemoteRuntime:
             raise
         return _RemoteStream(self, call_id, call)
 
-    def _open(
-        self, op: Op, name: str, sequences: FlatSequences, *, streaming: bool
-    ) -> tuple[int, _Call]:
+    async def reload(self) -> ReloadReport:
+        """Have the engine reload the model directory; what it did. The new model list has
+        arrived (a MODELS frame) when this returns."""
+        call_id, call = self._call()
+        assert self._writer is not None
+        self._writer.writelines(Frame(Op.RELOAD, call_id).buffers())
+        try:
+            await self._drain()
+            report: ReloadReport = await call.future
+            return report
+        except asyncio.CancelledError:
+            self._calls.pop(call_id, None)  # the engine's reload goes on: nothing to cancel
+            raise
+
+    def _call(self) -> tuple[int, _Call]:
         if not self._available or self._writer is None:
             raise EngineUnavailable("the engine process is not available")
         call_id = next(self._ids)
         call = _Call(asyncio.get_running_loop().create_future())
+        self._calls[call_id] = call
+        return call_id, call
+
+    def _open(
+        self, op: Op, name: str, sequences: FlatSequences, *, streaming: bool
+    ) -> tuple[int, _Call]:
+        call_id, call = self._call()
+        assert self._writer is not None
         if streaming:
             call.queue = asyncio.Queue()
-        self._calls[call_id] = call
         request_id = call.request.request_id if call.request is not None else None
         frame = request_frame(op, call_id, name, sequences, request_id)
         self._writer.writelines(frame.buffers())

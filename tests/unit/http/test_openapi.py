@@ -28,6 +28,8 @@ class Fake:
     kind: str
     input_dim: int
     info: dict[str, Any] = field(default_factory=dict)
+    version: str = "0123456789ab"
+    loaded_at: float = 1.0e9
 
 
 def served(*models: Fake) -> dict[str, Fake]:
@@ -104,7 +106,10 @@ def test_media_types_tags_and_every_error_type() -> None:
     assert paths["/models"]["get"]["tags"] == ["models"]
     assert paths["/healthz"]["get"]["tags"] == paths["/readyz"]["get"]["tags"] == ["health"]
     assert paths["/metrics"]["get"]["tags"] == ["metrics"]
-    assert {t["name"] for t in schema["tags"]} == {"inference", "models", "health", "metrics"}
+    assert paths["/admin/reload"]["post"]["tags"] == ["admin"]
+    assert {t["name"] for t in schema["tags"]} == {
+        "inference", "models", "health", "metrics", "admin",
+    }  # fmt: skip
     enum = schema["components"]["schemas"]["ErrorBody"]["properties"]["type"]["enum"]
     assert set(enum) == ERROR_TYPES
     assert set(openapi.ERROR_STATUS) == ERROR_TYPES

@@ -29,6 +29,7 @@ from rnnserve.service.interface import (
     FlatSequences,
     Piece,
     QueueFull,
+    ReloadReport,
     StreamingUnavailable,
     UnknownModel,
     current_request,
@@ -158,6 +159,8 @@ class FakeModel:
     kind: str = "smoother"
     input_dim: int = 4
     info: dict[str, Any] = field(default_factory=lambda: {"kind": "smoother"})
+    version: str = "0123456789ab"
+    loaded_at: float = 1.0e9
 
 
 class FakeRuntime:
@@ -174,8 +177,30 @@ class FakeRuntime:
         self.closed_streams = 0
         self.fail: Exception | None = None
         self.log_failures = False
+        self.listeners: list[Callable[[], None]] = []
+        self.next_models: dict[str, FakeModel] | None = None  # what the next reload serves
 
     async def start(self) -> None: ...
+
+    def on_models_changed(self, callback: Callable[[], None]) -> None:
+        self.listeners.append(callback)
+
+    async def reload(self) -> ReloadReport:
+        """Serve ``next_models``: names new to it loaded, the others' versions changed."""
+        if self.fail is not None:
+            raise self.fail
+        new, self.next_models = self.next_models or {}, None
+        report = ReloadReport(
+            loaded=[n for n in new if n not in self.models],
+            changed=[n for n in new if n in self.models],
+            removed=[n for n in self.models if n not in new],
+            failed={"bad": "bad.safetensors: not a valid safetensors file"},
+        )
+        if new:
+            self.models = new
+            for callback in self.listeners:
+                callback()
+        return report
 
     def _note_request(self) -> None:
         request = current_request()
@@ -227,6 +252,7 @@ async def engine(
     path = str(tmp_path / "engine.sock")
     server = EngineServer(runtime, path)
     await server.start()
+    runtime.on_models_changed(server.announce_models)  # as the engine process does
     remote = RemoteRuntime(path, on_lost)
     await remote.start()
     try:
@@ -424,13 +450,72 @@ async def test_the_worker_app_answers_503_once_the_engine_is_gone(tmp_path: Path
             assert r.headers["retry-after"] == "1"
 
 
+# -- reloads ---------------------------------------------------------------------------------
+
+
+async def test_a_reload_asked_by_a_worker_returns_the_engines_report(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+    fake.next_models = {"m": FakeModel("m", version="bbbbbbbbbbbb"), "n": FakeModel("n")}
+    async with engine(tmp_path, fake) as (_, remote):
+        report = await remote.reload()
+        assert report == ReloadReport(
+            loaded=["n"],
+            changed=["m"],
+            failed={"bad": "bad.safetensors: not a valid safetensors file"},
+        )
+        # the new list arrived before the answer
+        assert {n: m.version for n, m in remote.models.items()} == {
+            "m": "bbbbbbbbbbbb",
+            "n": "0123456789ab",
+        }
+
+
+async def test_every_worker_learns_the_models_a_reload_changed(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+    async with engine(tmp_path, fake) as (server, remote):
+        other = RemoteRuntime(server.path)
+        await other.start()
+        heard: list[list[str]] = []
+        other.on_models_changed(lambda: heard.append(sorted(other.models)))
+        try:
+            assert other.models["m"].loaded_at == 1.0e9
+            fake.next_models = {"n": FakeModel("n", kind="traveller", input_dim=6)}
+            await remote.reload()  # asked by one worker, told to both
+            await until(lambda: heard == [["n"]])
+            assert other.models["n"].kind == "traveller"
+            assert other.models["n"].input_dim == 6
+            with pytest.raises(UnknownModel):
+                other.get("m")
+        finally:
+            await other.stop()
+
+
+async def test_a_reload_that_raises_in_the_engine_raises_in_the_worker(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+    fake.fail = RuntimeError("disk on fire")
+    async with engine(tmp_path, fake) as (_, remote):
+        with pytest.raises(EngineError, match="disk on fire"):
+            await remote.reload()
+        assert sorted(remote.models) == ["m"]
+
+
+def test_a_reload_report_survives_json() -> None:
+    report = ReloadReport(["a"], ["b"], ["c"], ["d"], {"": "the folder is empty", "e": "bad"})
+    doc = report.as_json()
+    assert doc["failed"] == [
+        {"model": None, "error": "the folder is empty"},
+        {"model": "e", "error": "bad"},
+    ]
+    assert ReloadReport.from_json(doc) == report
+
+
 async def test_the_real_runtime_answers_the_same_through_the_socket(tmp_path: Path) -> None:
     runtime = ModelRuntime(Settings(max_delay_ms=1.0))
     await runtime.start()
     try:
         async with engine(tmp_path, runtime) as (_, remote):
-            assert {m.name: m.info for m in remote.models.values()} == {
-                m.name: m.info for m in runtime.models.values()
+            assert {m.name: (m.info, m.version, m.loaded_at) for m in remote.models.values()} == {
+                m.name: (m.info, m.version, m.loaded_at) for m in runtime.models.values()
             }
             for name, width in (("smoother", 16), ("traveller", 6)):
                 x = flat(30, 7, 1, width=width)
