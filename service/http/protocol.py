@@ -27,11 +27,11 @@ Answers a client does not read (both protocols): an answer is written to the tra
 and a client that does not read it leaves it in the process's memory, uncounted, for as long as
 the connection lives. When the transport's buffer is over its high-water mark (asyncio's
 ``pause_writing``), the unsent bytes are held in the byte budget (so new requests are refused
-while such answers pile up), and every ``write_timeout_s`` the client must have read some of them:
-what it read is given back and the wait starts again; when the buffer drains (``resume_writing``)
-or the connection is gone, the rest is given back. A connection whose client read nothing for
-``write_timeout_s`` is aborted, its unsent bytes dropped, and counted in
-``rnnserve_write_timeouts_total``.
+while such answers pile up), and every ``write_timeout_s`` the client must have taken some of them
+(from the transport's buffer or the kernel's send queue): what it read is given back and the wait
+starts again; when the buffer drains (``resume_writing``) or the connection is gone, the rest is
+given back. A connection whose client read nothing for ``write_timeout_s`` is reset (the kernel
+drops its copy too), its unsent bytes dropped, and counted in ``rnnserve_write_timeouts_total``.
 
 The first three limits count in ``rnnserve_requests_rejected_total{endpoint="none"}``: the
 request had not reached a route. The settings and the metrics are the app's (``app.state``),
@@ -53,9 +53,14 @@ CPU per request (docs/BENCHMARKS.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import functools
 import http
 import logging
+import socket
+import struct
+import termios
 from typing import Any
 
 import orjson
@@ -182,9 +187,7 @@ class _HeaderTimeout:
     def _arm_write_timer(self) -> None:
         timeout = getattr(getattr(self._state, "settings", None), "write_timeout_s", None)
         if timeout is not None:
-            self._write_timer = self.loop.call_later(
-                timeout, self._write_timed_out, self.transport.get_write_buffer_size()
-            )
+            self._write_timer = self.loop.call_later(timeout, self._write_timed_out, self._unsent())
 
     def _writes_flowing(self) -> None:
         """The client has read the answer, or has gone: give back what its unsent bytes held."""
@@ -201,7 +204,7 @@ class _HeaderTimeout:
         self._write_timer = None
         if self.transport.is_closing():
             return
-        if self.transport.get_write_buffer_size() < unsent_then:  # it read some: wait on
+        if self._unsent() < unsent_then:  # it read some: wait on
             self._hold_unsent()
             self._arm_write_timer()
             return
@@ -213,7 +216,27 @@ class _HeaderTimeout:
             self.transport.get_extra_info("peername"),
             getattr(self._state.settings, "write_timeout_s", None),
         )
+        self._reset_on_close()
         self.transport.abort()  # drops the unsent bytes; connection_lost gives them back
+
+    def _unsent(self) -> int:
+        """Bytes written and not yet taken by the client: the transport's buffer and the
+        kernel's send queue. The queue moves first (the kernel refills the transport's room
+        in large steps), so a client reading slowly shows progress there."""
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+            unsent += struct.unpack("i", queued)[0]
+        return unsent
+
+    def _reset_on_close(self) -> None:
+        """Make closing the socket discard what the kernel still holds for the client, and tell
+        it with a reset: a plain close would keep those bytes (and the connection) for as long
+        as the kernel retries a client that does not read."""
+        sock = self.transport.get_extra_info("socket")
+        with contextlib.suppress(AttributeError, OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def _budget(self) -> Any:
         settings = getattr(self._state, "settings", None)
