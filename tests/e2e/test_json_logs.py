@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.otlp import Receiver
 from tests.e2e.server import start_server, stop
 
 pytestmark = pytest.mark.e2e
@@ -114,3 +115,44 @@ def assert_every_process_logged_json(records: list[dict[str, Any]], workers: int
     assert len({ready["process"], engine_pid, *started}) == workers + 2
     engine_lines = [r for r in records if r["process"] == engine_pid]
     assert any(r["logger"].startswith("rnnserve.engine") for r in engine_lines), engine_lines
+
+
+def test_with_tracing_on_every_line_is_json_and_a_requests_lines_carry_its_trace_id(
+    tmp_path: Path,
+) -> None:
+    trace_ids = {"good-1": f"{0xA11CE:032x}", "fail-1": f"{0xB0B:032x}"}
+    flags = ("--log-format", "json", "--access-log")
+    with Receiver() as receiver:
+        env = {**failing_encoder_env(tmp_path), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
+        srv = start_server(tmp_path, *flags, env=env)
+        try:
+            with httpx.Client(base_url=srv.url, timeout=60) as client:
+                statuses = [
+                    client.post(
+                        "/smooth",
+                        json=SMOOTH,
+                        headers={"X-Request-Id": rid, "traceparent": f"00-{tid}-{1:016x}-01"},
+                    ).status_code
+                    for rid, tid in trace_ids.items()
+                ]
+        finally:
+            stop(srv)
+    assert statuses == [200, 500]
+    records = parse_every_line(srv.log.read_text())
+    server_spans = {
+        s.attributes["rnnserve.request_id"]: s.span
+        for s in receiver.spans
+        if s.name == "POST /smooth"
+    }
+    for rid, tid in trace_ids.items():
+        lines = [r for r in records if r.get("request_id") == rid]
+        assert lines, records
+        assert {r.get("trace_id") for r in lines} == {tid}, lines
+        # the request's span is current as its lines are written: its id, as exported
+        assert {r.get("span_id") for r in lines} == {server_spans[rid].span_id.hex()}, lines
+    [failed] = [r for r in records if "traceback" in r]
+    assert failed["trace_id"] == trace_ids["fail-1"]
+    assert any(r["logger"] == "uvicorn.access" and r.get("trace_id") == trace_ids["good-1"]
+               for r in records)  # fmt: skip
+    # lines written outside a request (start-up, shutdown) have no trace
+    assert not any("trace_id" in r for r in records if "request_id" not in r)

@@ -8,12 +8,16 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
 from pydantic import ValidationError
 
+from rnnserve.service import tracing
 from rnnserve.service.config import Settings
 from rnnserve.service.interface import open_request
 from rnnserve.service.logs import JsonLineFormatter, uvicorn_log_config
@@ -87,6 +91,37 @@ def test_extra_fields_stay_but_uvicorns_coloured_copy_goes() -> None:
     out = formatted(record(model="smoother", color_message="\x1b[1msmooth\x1b[0m"))
     assert out["model"] == "smoother"
     assert "color_message" not in out
+
+
+@pytest.fixture
+def tracer() -> Iterator[Tracer]:
+    """This process traced (as a traced app sets it), for the test only."""
+    made = TracerProvider().get_tracer("test")
+    tracing.use(made)
+    yield made
+    tracing.use(None)
+
+
+def test_a_record_logged_in_a_span_carries_its_trace_and_span_ids(tracer: Tracer) -> None:
+    with tracer.start_as_current_span("request") as span:
+        out = formatted(record(), request_id="req-9")
+    ids = span.get_span_context()
+    assert out["trace_id"] == f"{ids.trace_id:032x}"
+    assert out["span_id"] == f"{ids.span_id:016x}"
+    assert out["request_id"] == "req-9"
+
+
+def test_a_record_outside_any_span_has_no_trace_ids(tracer: Tracer) -> None:
+    out = formatted(record(), request_id="req-9")
+    assert "trace_id" not in out
+    assert "span_id" not in out
+
+
+def test_with_tracing_off_a_record_has_no_trace_ids() -> None:
+    assert tracing.tracer() is None
+    with TracerProvider().get_tracer("other").start_as_current_span("not rnnserve's"):
+        out = formatted(record())
+    assert "trace_id" not in out
 
 
 def test_log_format_is_text_by_default_and_json_from_the_environment(
