@@ -265,7 +265,10 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
     tl.store(h_new + at, _sigmoid(acc_o) * _tanh(c), mask=ok)
 
 
-@_jit()
+# n: the steps of a chunk, 1 to max_chunk; specialised on, each value class (1, a multiple of
+# 16, other) would be a binary of its own, and a rollout launched from Python (no graphs) would
+# meet the ones its warm-up's single step did not compile while serving
+@_jit(do_not_specialize=["n"])
 def _advance_kernel(base_ptr, n):  # type: ignore[no-untyped-def]
     tl.store(base_ptr, tl.load(base_ptr) + n)
 
@@ -344,7 +347,10 @@ class _Workspace:
     base: Tensor  # int32 [1]
     u: Tensor  # [row capacity, NI]
     out: Tensor  # [row capacity, 2]
-    sched: Tensor  # int32 [2, step capacity]: batch sizes, row offsets
+    # int32 [2, step capacity]: batch sizes, row offsets. The capacity is a power of two of at
+    # least 128, so the offsets' row starts on a 16-byte boundary, as Triton's aligned binary
+    # of the step kernel (compiled once per bucket) assumes of every pointer
+    sched: Tensor
     graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 

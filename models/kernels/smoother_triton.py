@@ -28,6 +28,14 @@ Elsewhere, loaded only when asked for: the single-pass forwards ``scan="chained"
 default) and the training backward (:mod:`.smoother_triton_backward`, chunked whatever the
 forward's design; it reuses :func:`_carry_scan`, right to left).
 
+Host code. :func:`smooth_packed_triton` (the public call) plans the tiles, copies the schedule
+to the device (:func:`device_schedule`), allocates every buffer (:func:`forward_buffers`) and
+runs :func:`launch_forward`: kernel launches on those preallocated device tensors only, one
+inner entry per design (:func:`launch_chunked`, and the single-pass module's), which a benchmark
+captures in a CUDA graph on buffers from :func:`prepare_forward`. Every pointer handed to a
+kernel starts on a 16-byte boundary and the integers that vary with the batch are not
+specialised on, so one binary per tile plan serves every batch (see :func:`warm_up`).
+
 Importing this module imports triton; :mod:`rnnserve.models.smoothing` does so lazily. Under
 ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (that is how CI tests them).
 """
@@ -49,8 +57,14 @@ from rnnserve.models.kernels import triton_interpreting
 __all__ = [
     "DEFAULT_SCAN",
     "SCANS",
+    "ForwardBuffers",
     "TilePlan",
+    "device_schedule",
+    "forward_buffers",
+    "launch_chunked",
+    "launch_forward",
     "plan_tiles",
+    "prepare_forward",
     "sequence_lengths",
     "smooth_packed_triton",
     "tile_plans",
@@ -444,33 +458,176 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _chunked_forward(
+# Triton specialises every pointer argument on its address being a multiple of 16 bytes: one
+# binary for aligned pointers, another for the rest. Every tensor handed to a kernel here starts
+# on such a boundary, whatever the batch, so that a batch never meets a binary warm-up did not
+# compile (a view into the middle of a buffer is aligned only for some batch sizes).
+_ALIGN = 16
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """``t``, contiguous and at a 16-byte boundary: itself when it is, else a copy."""
+    if t.is_contiguous() and t.data_ptr() % _ALIGN == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def device_schedule(
+    batch_sizes: Tensor, plan: TilePlan, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The kernels' int64 schedule on ``device``: the step sizes, the row offsets (exclusive
+    cumsum) and, for the chained scan, each sorted sequence's length (else None).
+
+    One host-to-device copy for all three. Each part is padded to whole 16-byte units, so each
+    starts aligned: packed end to end, the offsets of a batch with an odd number of steps would
+    not be, and every batch of the other parity would compile its own kernels.
+    """
+    sizes = batch_sizes.to(device="cpu", dtype=torch.int64)
+    parts = [sizes, torch.cumsum(sizes, 0) - sizes]
+    if plan.scan == "chained":
+        parts.append(sequence_lengths(sizes))
+    per_unit = _ALIGN // sizes.element_size()
+    padded = [torch.cat([p, p.new_zeros(-p.numel() % per_unit)]) for p in parts]
+    meta = torch.cat(padded).to(device, non_blocking=True)
+    views, start = [], 0
+    for part, pad in zip(parts, padded, strict=True):
+        views.append(meta[start : start + part.numel()])
+        start += pad.numel()
+    return views[0], views[1], views[2] if plan.scan == "chained" else None
+
+
+@dataclass(frozen=True, eq=False)
+class ForwardBuffers:
+    """Every device tensor one forward reads or writes, allocated in advance: what
+    :func:`launch_forward` runs on.
+
+    ``x`` [N, F] packed rows; ``bs``, ``off`` (and ``lens``, chained only): the schedule of
+    :func:`device_schedule`; ``alpha``, ``wx`` [F] in the compute dtype; ``init`` [B, F] or
+    None; outputs ``y`` [N, F], ``final`` [B, F] and, with ``store_s``, the states ``s`` (else
+    ``s`` is ``y``, an unused pointer); ``scratch``: the design's own arrays (chunked: the carry
+    and the two chunk-summary arrays; look-back: its side arrays and flags; chained: none).
+    Filling ``x`` (and ``init``) in place and launching again computes the new batch of the same
+    schedule: a benchmark captures :func:`launch_forward` on a set of these in a CUDA graph.
+    """
+
+    plan: TilePlan
+    x: Tensor
+    bs: Tensor
+    off: Tensor
+    lens: Tensor | None
+    alpha: Tensor
+    wx: Tensor
+    init: Tensor | None
+    y: Tensor
+    s: Tensor
+    final: Tensor
+    scratch: tuple[Tensor, ...]
+    store_s: bool
+
+
+def _operands(
+    data: Tensor, alpha: Tensor, wx: Tensor, init: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The kernels' inputs: aligned, contiguous, the parameters in the compute dtype."""
+    cdt = _compute_dtype(data.dtype)
+    x = _aligned(data)
+    alpha_c = _aligned(alpha.detach().to(device=x.device, dtype=cdt))
+    wx_c = _aligned(wx.detach().to(device=x.device, dtype=cdt))
+    init_c = None if init is None else _aligned(init.detach())
+    return x, alpha_c, wx_c, init_c
+
+
+def forward_buffers(
+    plan: TilePlan,
     x: Tensor,
     bs: Tensor,
     off: Tensor,
+    lens: Tensor | None,
     alpha_c: Tensor,
     wx_c: Tensor,
     init_c: Tensor | None,
-    y: Tensor,
-    s: Tensor,
-    final: Tensor,
-    plan: TilePlan,
+    *,
     store_s: bool,
-) -> None:
-    """The three-launch forward (chunk summaries, carry scan, replay) into ``y``, ``final``
-    and, with ``store_s``, ``s``."""
-    n_chunks, n_cols = plan.n_chunks, plan.n_cols
-    cdt = alpha_c.dtype
-    has_init = init_c is not None
-    carry = torch.empty((n_chunks + 1, n_cols), dtype=cdt, device=x.device)
-    sum_a = torch.empty((n_chunks, n_cols), dtype=cdt, device=x.device)
-    sum_b = torch.empty_like(sum_a)
-    common = (plan.n_steps, plan.n_feat, n_cols)
+) -> ForwardBuffers:
+    """Allocate the outputs and the scratch of ``plan``'s design around the given inputs."""
+    if plan.scan == "chained" and lens is None:
+        raise ValueError("the chained scan needs each sequence's length (device_schedule)")
+    cdt, dev = alpha_c.dtype, x.device
+    y = torch.empty_like(x)
+    s = torch.empty(x.shape, dtype=cdt, device=dev) if store_s else y
+    final = torch.empty((plan.n_seqs, plan.n_feat), dtype=x.dtype, device=dev)
+    scratch: tuple[Tensor, ...] = ()
+    if plan.scan == "chunked":
+        carry = torch.empty((plan.n_chunks + 1, plan.n_cols), dtype=cdt, device=dev)
+        sum_a = torch.empty((plan.n_chunks, plan.n_cols), dtype=cdt, device=dev)
+        scratch = (carry, sum_a, torch.empty_like(sum_a))
+    elif plan.scan == "lookback":
+        from rnnserve.models.kernels.smoother_triton_single_pass import lookback_scratch
+
+        scratch = lookback_scratch(plan, cdt, dev)
+    return ForwardBuffers(
+        plan, x, bs, off, lens, alpha_c, wx_c, init_c, y, s, final, scratch, store_s
+    )
+
+
+def prepare_forward(
+    data: Tensor,
+    batch_sizes: Tensor,
+    alpha: Tensor,
+    wx: Tensor,
+    init: Tensor | None = None,
+    *,
+    store_s: bool = False,
+    chunk: int | None = None,
+    block: int | None = None,
+    carry: int | None = None,
+    sub: int | None = None,
+    scan: str | None = None,
+) -> ForwardBuffers:
+    """Everything :func:`launch_forward` needs for this batch, on ``data``'s device, as
+    :func:`smooth_packed_triton` prepares it (same arguments; a non-empty batch). Allocates and
+    copies the schedule to the device: call it before a capture, not inside one."""
+    sizes = batch_sizes.to(device="cpu", dtype=torch.int64)
+    n_seqs, n_feat = _check_batch(data, sizes, init)
+    if data.shape[0] == 0 or n_feat == 0:
+        raise ValueError("an empty batch launches no kernel")
+    plan = plan_tiles(
+        sizes.numel(), n_seqs, n_feat, chunk=chunk, block=block, carry=carry, sub=sub, scan=scan
+    )
+    bs, off, lens = device_schedule(sizes, plan, data.device)
+    x, alpha_c, wx_c, init_c = _operands(data, alpha, wx, init)
+    return forward_buffers(plan, x, bs, off, lens, alpha_c, wx_c, init_c, store_s=store_s)
+
+
+def launch_forward(buf: ForwardBuffers) -> None:
+    """Run the forward of ``buf.plan``'s design into ``buf.y``, ``buf.final`` (and ``buf.s``).
+
+    Kernel launches on ``buf``'s tensors only: no allocation, no host tensor, no copy between
+    host and device, no synchronisation, so it can be captured in a CUDA graph and replayed.
+    """
+    if buf.plan.scan == "chunked":
+        launch_chunked(buf)
+        return
+    from rnnserve.models.kernels import smoother_triton_single_pass as single_pass
+
+    if buf.plan.scan == "chained":
+        single_pass.launch_chained(buf)
+    else:
+        single_pass.launch_lookback(buf)
+
+
+def launch_chunked(buf: ForwardBuffers) -> None:
+    """The three-launch forward (chunk summaries, carry scan, replay) on ``buf``; capturable
+    (see :func:`launch_forward`)."""
+    plan = buf.plan
+    carry, sum_a, sum_b = buf.scratch
+    has_init = buf.init is not None
+    common = (plan.n_steps, plan.n_feat, plan.n_cols)
     _fwd_chunk_summary[plan.grid](
-        x,
-        bs,
-        off,
-        alpha_c,
+        buf.x,
+        buf.bs,
+        buf.off,
+        buf.alpha,
         sum_a,
         sum_b,
         *common,
@@ -484,10 +641,10 @@ def _chunked_forward(
         sum_a,
         sum_b,
         carry,
-        carry if init_c is None else init_c,
-        final,
-        n_chunks,
-        n_cols,
+        carry if buf.init is None else buf.init,
+        buf.final,
+        plan.n_chunks,
+        plan.n_cols,
         REVERSE=False,
         HAS_INIT=has_init,
         CARRY=plan.carry,
@@ -495,48 +652,22 @@ def _chunked_forward(
         num_warps=plan.carry_warps,
     )
     _fwd_replay[plan.grid](
-        x,
-        bs,
-        off,
-        alpha_c,
-        wx_c,
+        buf.x,
+        buf.bs,
+        buf.off,
+        buf.alpha,
+        buf.wx,
         carry,
-        y,
-        s,
+        buf.y,
+        buf.s,
         *common,
         HAS_INIT=has_init,
-        STORE_S=store_s,
+        STORE_S=buf.store_s,
         CHUNK=plan.chunk,
         BLOCK=plan.block,
         SUB=plan.sub,
         num_warps=plan.forward_warps,
     )
-
-
-def _single_pass_forward(
-    x: Tensor,
-    bs: Tensor,
-    off: Tensor,
-    lens: Tensor | None,
-    alpha_c: Tensor,
-    wx_c: Tensor,
-    init_c: Tensor | None,
-    y: Tensor,
-    s: Tensor,
-    final: Tensor,
-    plan: TilePlan,
-    store_s: bool,
-) -> None:
-    """The chained or look-back forward (``plan.scan``), from the module that holds them."""
-    from rnnserve.models.kernels import smoother_triton_single_pass as single_pass
-
-    if plan.scan == "chained":
-        assert lens is not None  # smooth_packed_triton sends the lengths for the chained scan
-        single_pass.forward_chained(
-            x, bs, off, lens, alpha_c, wx_c, init_c, y, s, final, plan, store_s
-        )
-    else:
-        single_pass.forward_lookback(x, bs, off, alpha_c, wx_c, init_c, y, s, final, plan, store_s)
 
 
 class _SmootherFn(torch.autograd.Function):
@@ -553,30 +684,19 @@ class _SmootherFn(torch.autograd.Function):
         plan: TilePlan,
         grad_enabled: bool,
     ) -> tuple[Tensor, Tensor]:
-        cdt = _compute_dtype(data.dtype)
-        x = data.contiguous()
-        alpha_c = alpha.detach().to(device=x.device, dtype=cdt).contiguous()
-        wx_c = wx.detach().to(device=x.device, dtype=cdt).contiguous()
-        init_c = None if init is None else init.detach().contiguous()
-        final = torch.empty((plan.n_seqs, plan.n_feat), dtype=data.dtype, device=x.device)
-        y = torch.empty_like(x)
+        x, alpha_c, wx_c, init_c = _operands(data, alpha, wx, init)
         # needs_input_grad is set by requires_grad alone, under no_grad and inference_mode too
         needs_grad = grad_enabled and any(ctx.needs_input_grad[:4])
-        # s is kept for the backward pass only; without one, y stands in as the unused pointer
-        s = torch.empty(x.shape, dtype=cdt, device=x.device) if needs_grad else y
-        if plan.scan == "chunked":
-            _chunked_forward(x, bs, off, alpha_c, wx_c, init_c, y, s, final, plan, needs_grad)
-        else:
-            _single_pass_forward(
-                x, bs, off, lens, alpha_c, wx_c, init_c, y, s, final, plan, needs_grad
-            )
+        # s is kept for the backward pass only
+        buf = forward_buffers(plan, x, bs, off, lens, alpha_c, wx_c, init_c, store_s=needs_grad)
+        launch_forward(buf)
         # the initial state is s_{-1} for the alpha gradient (y stands in when there is none)
-        ctx.save_for_backward(x, s, y if init_c is None else init_c, alpha_c, wx_c, bs, off)
+        ctx.save_for_backward(x, buf.s, buf.y if init_c is None else init_c, alpha_c, wx_c, bs, off)
         ctx.plan = plan
         ctx.has_init = init is not None
         ctx.dtypes = (data.dtype, alpha.dtype, wx.dtype, None if init is None else init.dtype)
         ctx.set_materialize_grads(False)
-        return y, final
+        return buf.y, buf.final
 
     @staticmethod
     def backward(
@@ -595,6 +715,21 @@ def sequence_lengths(batch_sizes: Tensor) -> Tensor:
     n_seqs = int(sizes[0]) if sizes.numel() else 0
     below = torch.arange(n_seqs, dtype=torch.int64)
     return sizes.numel() - torch.searchsorted(sizes.flip(0), below, right=True)
+
+
+def _check_batch(data: Tensor, batch_sizes: Tensor, init: Tensor | None) -> tuple[int, int]:
+    """``(sequences, features)`` of a batch the kernels can take; refuses the others."""
+    if data.device.type == "cpu" and not _interpreting():
+        raise RuntimeError(
+            "the triton smoother needs CUDA tensors (or TRITON_INTERPRET=1 to test on the CPU)"
+        )
+    if data.dim() != 2:
+        raise ValueError(f"expected packed data [N, F], got {list(data.shape)}")
+    n_feat = data.shape[1]
+    n_seqs = int(batch_sizes[0]) if batch_sizes.numel() else 0
+    if init is not None and tuple(init.shape) != (n_seqs, n_feat):
+        raise ValueError(f"expected a state of shape [{n_seqs}, {n_feat}], got {list(init.shape)}")
+    return n_seqs, n_feat
 
 
 def smooth_packed_triton(
@@ -619,33 +754,17 @@ def smooth_packed_triton(
     ``carry`` and ``sub`` override :func:`plan_tiles`'s tiles (tests, benchmarks); ``sub`` below
     ``chunk`` scans each chunk ``sub`` steps at a time in the forward kernels (``sub=1``: a loop
     over the steps), the variant to measure against one tree scan per tile. ``scan`` picks the
-    forward's design (see :class:`TilePlan`; :data:`DEFAULT_SCAN` when None).
+    forward's design (see :class:`TilePlan`; :data:`DEFAULT_SCAN` when None). The kernels run
+    through :func:`launch_forward`, on buffers this call allocates.
     """
-    if data.device.type == "cpu" and not _interpreting():
-        raise RuntimeError(
-            "the triton smoother needs CUDA tensors (or TRITON_INTERPRET=1 to test on the CPU)"
-        )
-    if data.dim() != 2:
-        raise ValueError(f"expected packed data [N, F], got {list(data.shape)}")
-    n_feat = data.shape[1]
     sizes = batch_sizes.to(device="cpu", dtype=torch.int64)
-    n_seqs = int(sizes[0]) if sizes.numel() else 0
-    if init is not None and tuple(init.shape) != (n_seqs, n_feat):
-        raise ValueError(f"expected a state of shape [{n_seqs}, {n_feat}], got {list(init.shape)}")
+    n_seqs, n_feat = _check_batch(data, sizes, init)
     if data.shape[0] == 0 or n_feat == 0:
         return torch.tanh(wx * data), data.new_zeros((n_seqs, n_feat))
     plan = plan_tiles(
         sizes.numel(), n_seqs, n_feat, chunk=chunk, block=block, carry=carry, sub=sub, scan=scan
     )
-    # one host-to-device copy for batch_sizes, the row offsets (exclusive cumsum) and, for the
-    # chained scan, each sequence's length: how many steps have more sequences than its index
-    parts = [sizes, torch.cumsum(sizes, 0) - sizes]
-    if plan.scan == "chained":
-        parts.append(sequence_lengths(sizes))
-    meta = torch.cat(parts).to(data.device, non_blocking=True)
-    n = sizes.numel()
-    bs, off = meta[:n], meta[n : 2 * n]
-    lens = meta[2 * n :] if plan.scan == "chained" else None
+    bs, off, lens = device_schedule(sizes, plan, data.device)
     y, final = _SmootherFn.apply(
         data, alpha, wx, init, bs, off, lens, plan, torch.is_grad_enabled()
     )

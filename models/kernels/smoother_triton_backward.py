@@ -26,6 +26,7 @@ from torch import Tensor
 
 from rnnserve.models.kernels.smoother_triton import (
     TilePlan,
+    _aligned,
     _carry_scan,
     _combine,
     _jit,
@@ -198,9 +199,10 @@ def smoother_backward(
     plan: TilePlan = ctx.plan
     n_chunks, n_cols = plan.n_chunks, plan.n_cols
     cdt = alpha_c.dtype
-    gy = torch.zeros_like(x) if grad_y is None else grad_y.contiguous()
+    # aligned, as every pointer the kernels take (see smoother_triton._aligned)
+    gy = torch.zeros_like(x) if grad_y is None else _aligned(grad_y)
     has_gfin = grad_final is not None
-    gfin = grad_final.contiguous() if grad_final is not None else x  # unused if absent
+    gfin = _aligned(grad_final) if grad_final is not None else x  # unused if absent
     rcarry = torch.empty((n_chunks + 1, n_cols), dtype=cdt, device=x.device)
     sum_a = torch.empty((n_chunks, n_cols), dtype=cdt, device=x.device)
     sum_b = torch.empty_like(sum_a)

@@ -18,7 +18,9 @@ the chunked one (:mod:`.smoother_triton_backward`) whatever the forward's design
   decoupled look-back over the tiles before it (Merrill & Garland, 2016).
 
 The device helpers (the map combine, tile loads, the fused tanh) are the chunked scan's, from
-:mod:`.smoother_triton`.
+:mod:`.smoother_triton`. The host entries, :func:`launch_chained` and :func:`launch_lookback`,
+launch on a :class:`.smoother_triton.ForwardBuffers` and nothing else, as
+:func:`.smoother_triton.launch_forward` does for the chunked scan (CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rnnserve.models.kernels.smoother_triton import (
+    ForwardBuffers,
     TilePlan,
     _combine,
     _jit,
@@ -212,74 +215,64 @@ def _fwd_lookback(  # type: ignore[no-untyped-def]
 # host code
 
 
-def forward_chained(
-    x: Tensor,
-    bs: Tensor,
-    off: Tensor,
-    lens: Tensor,
-    alpha_c: Tensor,
-    wx_c: Tensor,
-    init_c: Tensor | None,
-    y: Tensor,
-    s: Tensor,
-    final: Tensor,
-    plan: TilePlan,
-    store_s: bool,
-) -> None:
-    """The chained forward, one launch, into ``y``, ``final`` and, with ``store_s``, ``s``;
-    ``lens``: each sorted sequence's length (its column block's trip count)."""
+def launch_chained(buf: ForwardBuffers) -> None:
+    """The chained forward, one launch, on ``buf`` (``buf.lens``: each sorted sequence's
+    length, its column block's trip count); capturable, as
+    :func:`.smoother_triton.launch_forward` says."""
+    plan = buf.plan
+    assert buf.lens is not None  # forward_buffers refuses a chained plan without them
     _fwd_chained[plan.chained_grid](
-        x,
-        bs,
-        off,
-        lens,
-        alpha_c,
-        wx_c,
-        final if init_c is None else init_c,  # final stands in when there is no state
-        y,
-        s,
-        final,
+        buf.x,
+        buf.bs,
+        buf.off,
+        buf.lens,
+        buf.alpha,
+        buf.wx,
+        buf.final if buf.init is None else buf.init,  # final stands in when there is no state
+        buf.y,
+        buf.s,
+        buf.final,
         plan.n_steps,
         plan.n_feat,
         plan.n_cols,
-        HAS_INIT=init_c is not None,
-        STORE_S=store_s,
+        HAS_INIT=buf.init is not None,
+        STORE_S=buf.store_s,
         CHUNK=plan.chunk,
         BLOCK=plan.block,
         num_warps=plan.warps,
     )
 
 
-def forward_lookback(
-    x: Tensor,
-    bs: Tensor,
-    off: Tensor,
-    alpha_c: Tensor,
-    wx_c: Tensor,
-    init_c: Tensor | None,
-    y: Tensor,
-    s: Tensor,
-    final: Tensor,
-    plan: TilePlan,
-    store_s: bool,
-) -> None:
-    """The look-back forward, one launch, into ``y``, ``final`` and, with ``store_s``, ``s``."""
+def lookback_scratch(
+    plan: TilePlan, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, ...]:
+    """The look-back's side arrays (each tile's map and inclusive state, ``BLOCK`` values a
+    tile) and its flags (one per tile, then the ticket counter)."""
     n_tiles = plan.n_tiles
-    cdt = alpha_c.dtype
     agg_a, agg_b, incl = (
-        torch.empty(n_tiles * plan.block, dtype=cdt, device=x.device) for _ in range(3)
+        torch.empty(n_tiles * plan.block, dtype=dtype, device=device) for _ in range(3)
     )
-    flags = torch.zeros(n_tiles + 1, dtype=torch.int32, device=x.device)  # + the ticket counter
-    _fwd_lookback[(n_tiles,)](
-        x,
-        bs,
-        off,
-        alpha_c,
-        wx_c,
-        final if init_c is None else init_c,  # final stands in when there is no state
-        y,
-        s,
-        final,
+    flags = torch.empty(n_tiles + 1, dtype=torch.int32, device=device)  # cleared per launch
+    return agg_a, agg_b, incl, flags
+
+
+def launch_lookback(buf: ForwardBuffers) -> None:
+    """The look-back forward, one launch, on ``buf``; capturable, as
+    :func:`.smoother_triton.launch_forward` says. The flags and the ticket counter are cleared
+    first (a memset on the device), so the same buffers can be launched again."""
+    plan = buf.plan
+    agg_a, agg_b, incl, flags = buf.scratch
+    flags.zero_()
+    _fwd_lookback[(plan.n_tiles,)](
+        buf.x,
+        buf.bs,
+        buf.off,
+        buf.alpha,
+        buf.wx,
+        buf.final if buf.init is None else buf.init,  # final stands in when there is no state
+        buf.y,
+        buf.s,
+        buf.final,
         agg_a,
         agg_b,
         incl,
@@ -288,8 +281,8 @@ def forward_lookback(
         plan.n_feat,
         plan.n_cols,
         plan.n_chunks,
-        HAS_INIT=init_c is not None,
-        STORE_S=store_s,
+        HAS_INIT=buf.init is not None,
+        STORE_S=buf.store_s,
         CHUNK=plan.chunk,
         BLOCK=plan.block,
         WINDOW=_WINDOW,
