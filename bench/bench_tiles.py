@@ -3,7 +3,7 @@
 Usage::
 
     python -m bench.bench_tiles [--device cuda] [--quick] [--budget-s 150] [--out FILE]
-        [--scans chunked,chained] [--kernels smoother,rollout]
+        [--scans chunked,chained] [--kernels smoother,rollout] [--gpu-time]
 
 The Triton kernels' tiles were chosen by reasoning, on a machine without a GPU; the first H200 run
 (docs/BENCHMARKS.md) put both kernels well off their targets. GPU time comes in minutes a session,
@@ -25,6 +25,13 @@ synchronised (CUDA events on the GPU). The default runs first, so it is always m
 run in order until the budget is spent, and the section says how many did. Reported per shape:
 the default and the fastest candidates, as time per call, µs per step and × the default.
 
+``--gpu-time`` (CUDA only) adds the GPU time of each of ``--scans``' forward designs, default
+plan, without the host: the capturable inner entry (``launch_forward``) on several preallocated
+buffer sets, together more than the L2 several times over, captured in one CUDA graph that runs
+them in turn (rotating inputs: each forward reads rows the one before did not leave in L2);
+CUDA events around each replay, the median replay divided by the forwards in it. The eager
+figures above include Python, planning, the schedule's copy and allocation; these do not.
+
 On the CPU (``--device cpu --quick``) the kernels run in Triton's interpreter on tiny shapes: a
 smoke test of the sweep, not a measurement.
 """
@@ -44,6 +51,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import PackedSequence
 
 from bench.models_harness import DEFAULT_OUT, half_spread_lengths, random_sequences, write_section
 from rnnserve.models.packing import pack
@@ -57,6 +65,11 @@ SHOWN = 6  # fastest candidates listed per shape besides the default
 # so it is swept on its own (scripts/gpu_check.sh gives it a step and a timeout of its own)
 DEFAULT_SCANS = ("chunked", "chained")
 KERNELS = ("smoother", "rollout")
+# --gpu-time: the buffer sets one graph rotates through hold at least this many bytes (an H200's
+# L2 is 50 MiB), between 2 and GRAPH_MAX_SETS sets
+GRAPH_BYTES = 256 << 20
+GRAPH_MAX_SETS = 32
+GRAPH_REPS = 20
 
 
 @dataclass(frozen=True)
@@ -198,6 +211,81 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object], int], float]
     return on_cuda if device.type == "cuda" else on_cpu
 
 
+@dataclass
+class GraphResult:
+    shape: tuple[int, int]
+    scan: str
+    seconds: float | None  # GPU time per forward; None: failed
+    sets: int  # buffer sets rotated through
+    error: float | None  # max abs difference from the public call on one set's rows
+    note: str = ""
+
+
+def rotating_sets(
+    data: Tensor, batch_sizes: Tensor, alpha: Tensor, wx: Tensor, scan: str
+) -> list[Any]:
+    """Buffer sets of ``scan``'s default plan for this batch, each with rows of its own, enough
+    of them to hold :data:`GRAPH_BYTES`."""
+    from rnnserve.models.kernels.smoother_triton import prepare_forward
+
+    first = prepare_forward(data, batch_sizes, alpha, wx, scan=scan)
+    held = sum(
+        t.numel() * t.element_size() for t in (first.x, first.y, first.final, *first.scratch)
+    )
+    count = min(GRAPH_MAX_SETS, max(2, -(-GRAPH_BYTES // max(held, 1))))
+    sets = [first]
+    for k in range(1, count):
+        rows = data * (1.0 + k / count) - k / count  # other rows, the same schedule
+        sets.append(prepare_forward(rows, batch_sizes, alpha, wx, scan=scan))
+    return sets
+
+
+def graph_seconds(sets: Sequence[Any], reps: int) -> float:
+    """GPU seconds per forward: one CUDA graph launching the forward on every set in turn,
+    timed with CUDA events over ``reps`` replays (the median)."""
+    from rnnserve.models.kernels.smoother_triton import launch_forward
+
+    for buf in sets:  # compile (and load) outside the capture
+        launch_forward(buf)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for buf in sets:
+            launch_forward(buf)
+    graph.replay()  # one untimed replay
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / len(sets))
+    return float(statistics.median(times))
+
+
+def gpu_time(
+    shape: tuple[int, int], packed: PackedSequence, alpha: Tensor, wx: Tensor, scan: str
+) -> GraphResult:
+    """One design's GPU time on this batch, checked against the public call on one set."""
+    from rnnserve.models.kernels.smoother_triton import smooth_packed_triton
+
+    try:
+        with torch.inference_mode():
+            sets = rotating_sets(packed.data, packed.batch_sizes, alpha, wx, scan)
+            seconds = graph_seconds(sets, GRAPH_REPS)
+            last = sets[-1]
+            want = smooth_packed_triton(last.x, packed.batch_sizes, alpha, wx, None, scan=scan)
+            error = float((last.y - want[0]).abs().max())
+    except Exception as e:  # a design that fails under capture is a result too
+        note = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        return GraphResult(shape, scan, None, 0, None, note)
+    if error > TOLERANCE:
+        return GraphResult(shape, scan, None, len(sets), error, "off")
+    return GraphResult(shape, scan, seconds, len(sets), error)
+
+
 class Sweep:
     def __init__(
         self,
@@ -213,6 +301,7 @@ class Sweep:
         self.deadline = 0.0
         self.clock = _timer(device)
         self.results: list[Result] = []
+        self.graph_results: list[GraphResult] = []
         self.left: dict[str, int] = {}  # candidates not tried for lack of time, per kernel
 
     def out_of_time(self) -> bool:
@@ -269,6 +358,21 @@ class Sweep:
                 if n == 0:
                     want = got
 
+    def smoother_gpu_time(self) -> None:
+        """Each design's default plan, GPU time only (see ``--gpu-time``); CUDA only."""
+        if self.device.type != "cuda":
+            raise RuntimeError("--gpu-time replays CUDA graphs: it needs --device cuda")
+        feat = 16
+        gen = torch.Generator().manual_seed(0)
+        alpha = (0.05 + 0.9 * torch.rand(feat, generator=gen)).to(self.device)
+        wx = (0.2 + 1.5 * torch.rand(feat, generator=gen)).to(self.device)
+        for batch, steps in self.plan.smoother_shapes:
+            seqs = random_sequences(half_spread_lengths(batch, steps), feat, seed=steps)
+            packed = pack(seqs, self.device)
+            for scan in self.scans:
+                self.graph_results.append(gpu_time((batch, steps), packed, alpha, wx, scan))
+                torch.cuda.empty_cache()  # this design's sets are freed: give them back
+
     def rollout(self) -> None:
         from rnnserve.models.kernels.rollout_triton import TritonRollout
 
@@ -308,6 +412,7 @@ def render(sweep: Sweep, started: dt.datetime, wall: float, machine: str) -> str
     options += f" --device {sweep.device.type}" if sweep.device.type != "cuda" else ""
     options += f" --scans {','.join(sweep.scans)}" if sweep.scans != DEFAULT_SCANS else ""
     options += f" --kernels {','.join(sweep.kernels)}" if sweep.kernels != KERNELS else ""
+    options += " --gpu-time" if sweep.graph_results else ""
     out = [
         BEGIN,
         f"## Triton tile sweep (`python -m bench.bench_tiles{options}`)",
@@ -354,8 +459,40 @@ def render(sweep: Sweep, started: dt.datetime, wall: float, machine: str) -> str
             what = r.note if r.note != "off" else f"off by {r.error:.1e}"
             out.append(f"- B={r.shape[0]}, T={r.shape[1]}, {r.config}: {what}")
         out.append("")
+    out += render_gpu_time(sweep.graph_results)
     out.append(END)
     return "\n".join(out) + "\n"
+
+
+def render_gpu_time(results: Sequence[GraphResult]) -> list[str]:
+    """The ``--gpu-time`` table (nothing when it did not run)."""
+    if not results:
+        return []
+    out = [
+        "### Smoother, GPU time (`--gpu-time`)",
+        "",
+        f"Each design's default plan: `launch_forward` on preallocated buffer sets (at least "
+        f"{GRAPH_BYTES >> 20} MiB of them, rotated through) captured in one CUDA graph; median of "
+        f"{GRAPH_REPS} replays timed with CUDA events, per forward. No Python, planning, "
+        "schedule copy or allocation in these, unlike the eager figures above.",
+        "",
+        "| shape | design | µs per forward | ns per step | sets | max abs diff |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        err = "—" if r.error is None else f"{r.error:.1e}"
+        if r.seconds is None:
+            what = r.note if r.note != "off" else f"off by {err}"
+            out.append(
+                f"| B={r.shape[0]}, T={r.shape[1]} | {r.scan} | {what} | | {r.sets} | {err} |"
+            )
+            continue
+        out.append(
+            f"| B={r.shape[0]}, T={r.shape[1]} | {r.scan} | {r.seconds * 1e6:.4g} | "
+            f"{r.seconds / r.shape[1] * 1e9:.4g} | {r.sets} | {err} |"
+        )
+    out.append("")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -373,6 +510,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--kernels", default=",".join(KERNELS), help="comma-separated: smoother, rollout"
     )
+    parser.add_argument(
+        "--gpu-time",
+        action="store_true",
+        help="also time each --scans design's forward on the GPU alone: CUDA graph replays "
+        "over rotating inputs, CUDA events (CUDA only)",
+    )
     args = parser.parse_args(argv)
     from rnnserve.models.kernels.smoother_triton import SCANS
 
@@ -386,6 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench_tiles: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 2
+    if args.gpu_time and device.type != "cuda":
+        parser.error("--gpu-time replays CUDA graphs and times them with CUDA events: CUDA only")
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         print("bench_tiles: on the CPU the kernels need TRITON_INTERPRET=1", file=sys.stderr)
         return 2
@@ -400,6 +545,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sweep = Sweep(plan, device, args.budget_s / len(kernels), scans, kernels)
     if "smoother" in kernels:
         sweep.smoother()
+        if args.gpu_time:
+            sweep.smoother_gpu_time()
     if "rollout" in kernels:
         sweep.rollout()
     section = render(sweep, started, time.perf_counter() - t0, machine)

@@ -268,3 +268,32 @@ def test_after_warm_up_no_served_batch_compiles_a_kernel() -> None:
         torch.cuda.synchronize()
         after = {name: _compiled(getattr(triton_mod, name)) for name in names}
     assert after == before
+
+
+@pytest.mark.parametrize("scan", ["chunked", "chained"])  # the look-back runs in a child above
+def test_inner_entry_replayed_as_a_cuda_graph_over_rotating_inputs(scan: str) -> None:
+    """What ``bench_tiles --gpu-time`` times: ``launch_forward`` on three buffer sets, captured
+    in one graph, replayed after the rows change in place: each set's output is the public
+    call's on its rows."""
+    packed = batch(64, 1000, 16, seed=5, dtype=torch.float32)
+    alpha, wx = (p.to(CUDA) for p in params(16, torch.float32))
+    rows = [packed.data.to(CUDA) * (1 + k) for k in range(3)]
+    sets = [triton_mod.prepare_forward(x, packed.batch_sizes, alpha, wx, scan=scan) for x in rows]
+    for buf in sets:
+        triton_mod.launch_forward(buf)  # compiled before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for buf in sets:
+            triton_mod.launch_forward(buf)
+    for k, buf in enumerate(sets):
+        buf.x.copy_(rows[(k + 1) % 3])  # rotate the rows under the captured pointers
+        buf.y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for k, buf in enumerate(sets):
+        want_y, want_final = smooth_packed_triton(
+            rows[(k + 1) % 3], packed.batch_sizes, alpha, wx, scan=scan
+        )
+        torch.testing.assert_close(buf.y, want_y, atol=0, rtol=0)
+        torch.testing.assert_close(buf.final, want_final, atol=0, rtol=0)
