@@ -4,7 +4,9 @@
   a differentiable torch step loop that runs anywhere);
 - :mod:`.smoother_triton`: the smoother as a chunked parallel scan in Triton (GPU), the forward
   that serves; :mod:`.smoother_triton_single_pass` holds two single-pass forwards (not the
-  default) and :mod:`.smoother_triton_backward` the training backward;
+  default) and :mod:`.smoother_triton_backward` the training backward; each forward design
+  runs through an inner entry that only launches kernels on preallocated buffers
+  (:func:`.smoother_triton.launch_forward`, CUDA-graph capturable);
 - :mod:`.rollout_cpu`: the Traveller's rollout as one compiled CPU loop;
 - :mod:`.rollout_triton`: the Traveller's rollout as fused Triton step kernels.
 
