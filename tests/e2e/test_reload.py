@@ -1,0 +1,238 @@
+"""Replacing a model's weights under load, with real server processes, in both process modes.
+
+A few clients send requests without pause while the smoother's file is replaced three times
+(written aside, then ``os.replace``), reloaded by ``SIGHUP`` to the server's process or by
+``POST /admin/reload``. Every request must be answered 200 with exactly one version's answer
+(each request holds several sequences, so a batch run on two versions would show as a mix),
+no client may see an older version after a newer one, and a request sent after a swap was seen
+must get the new version or a later one. The order of events is a shared counter, not the clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from rnnserve import models
+from rnnserve.models.smoothing import LinearRecursion
+from tests.e2e.server import Server, start_server, stop
+from tests.metrics import value
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "a-token-for-the-reload-test"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+WIDTH = 16
+ALPHAS = (0.5, 0.8, 0.2, 0.65)  # the served version, then the three replacements
+CLIENTS = 3
+WAIT_S = 120.0  # the longest wait for anything the server does; a failure, never a measure
+
+
+def write(folder: Path, alpha: float) -> None:
+    module = models.build("smoother", {"feat_dim": WIDTH, "alpha_smooth": alpha})
+    aside = folder / ".smoother.partial"
+    models.save(module, aside)
+    os.replace(aside, folder / "smoother.safetensors")
+
+
+def request_of(client: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(client)
+    return [rng.standard_normal((n, WIDTH)).astype(np.float32) for n in (7, 2, 12)]
+
+
+def local_answer(alpha: float, sequences: list[np.ndarray]) -> list[np.ndarray]:
+    module = models.build("smoother", {"feat_dim": WIDTH, "alpha_smooth": alpha}).eval()
+    assert isinstance(module, LinearRecursion)
+    data = np.concatenate(sequences)
+    lengths = np.array([len(s) for s in sequences], np.int64)
+    out = module.smooth_flat(data, lengths)
+    return np.split(out, np.cumsum(lengths)[:-1])
+
+
+@dataclass
+class Record:
+    client: int
+    sent: int  # ticks of the shared counter
+    received: int
+    status: int
+    body: bytes
+
+
+@dataclass
+class Load:
+    """``CLIENTS`` threads, each sending its own request again and again until stopped."""
+
+    url: str
+    bodies: list[dict[str, Any]]
+    records: list[Record] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ticks: itertools.count[int] = field(default_factory=itertools.count)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def tick(self) -> int:
+        with self.lock:
+            return next(self.ticks)
+
+    def start(self) -> None:
+        for client in range(CLIENTS):
+            thread = threading.Thread(target=self._client, args=(client,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _client(self, client: int) -> None:
+        with httpx.Client(base_url=self.url, headers=AUTH, timeout=WAIT_S) as http:
+            while not self.stopping.is_set():
+                sent = self.tick()
+                r = http.post("/smooth", json=self.bodies[client])
+                record = Record(client, sent, self.tick(), r.status_code, r.content)
+                with self.lock:
+                    self.records.append(record)
+
+    def answered_since(self, tick: int) -> int:
+        """The fewest requests any client sent after ``tick`` and got answered."""
+        with self.lock:
+            return min(
+                sum(1 for r in self.records if r.client == c and r.sent > tick)
+                for c in range(CLIENTS)
+            )
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(WAIT_S)
+
+
+def until(check: Callable[[], bool], what: str) -> None:
+    done = threading.Event()
+    deadline = threading.Timer(WAIT_S, done.set)
+    deadline.start()
+    try:
+        while not check():
+            assert not done.wait(0.05), f"gave up waiting for {what}"
+    finally:
+        deadline.cancel()
+
+
+def served_version(http: httpx.Client) -> str:
+    [model] = http.get("/models").json()["models"]
+    assert model["name"] == "smoother"
+    assert model["loaded_at"].endswith("+00:00")
+    version: str = model["version"]
+    return version
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_replacing_the_weights_under_load_answers_each_request_from_one_version(
+    tmp_path: Path, workers: int
+) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write(folder, ALPHAS[0])
+    server = start_server(
+        # requests wait up to 50 ms for batch-mates: at each swap some are queued on the old one
+        tmp_path, "--model-dir", str(folder), "--device", "cpu", "--workers", str(workers),
+        "--max-delay-ms", "50",
+        env={"RNNSERVE_API_TOKEN": TOKEN}, ready_timeout_s=300,
+    )  # fmt: skip
+    try:
+        _replace_three_times_under_load(server, folder)
+    finally:
+        stop(server)
+
+
+def _replace_three_times_under_load(server: Server, folder: Path) -> None:
+    requests = [request_of(c) for c in range(CLIENTS)]
+    bodies = [{"sequences": [s.tolist() for s in r]} for r in requests]
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=WAIT_S) as http:
+
+        def answers_now() -> list[bytes]:
+            return [http.post("/smooth", json=b).content for b in bodies]
+
+        versions, answers = [served_version(http)], [answers_now()]
+        load = Load(server.url, bodies)
+        load.start()
+        swaps: list[tuple[int, int]] = []  # (tick the file was replaced, tick the swap was seen)
+        try:
+            for k, alpha in enumerate(ALPHAS[1:], 1):
+                since = swaps[-1][1] if swaps else -1
+                until(lambda s=since: load.answered_since(s) >= 2, "the clients' requests")
+                write(folder, alpha)
+                replaced = load.tick()
+                if k == 2:
+                    without_token = httpx.post(f"{server.url}/admin/reload", timeout=WAIT_S)
+                    assert without_token.status_code == 401
+                    r = http.post("/admin/reload")
+                    assert r.status_code == 200, r.text
+                    assert r.json()["changed"] == ["smoother"]
+                    assert r.json()["failed"] == []
+                else:
+                    server.proc.send_signal(signal.SIGHUP)
+                    until(lambda: served_version(http) != versions[-1], "the new version")
+                swaps.append((replaced, load.tick()))
+                versions.append(served_version(http))
+                answers.append(answers_now())
+            until(lambda: load.answered_since(swaps[-1][1]) >= 2, "the clients' requests")
+        finally:
+            load.stop()
+        _check_the_answers(load.records, answers, swaps, requests)
+        assert len(set(versions)) == len(ALPHAS), versions
+        text = http.get("/metrics").text
+        assert value(text, "rnnserve_model_reloads_total", result="changed") == 3
+        _a_bad_file_keeps_the_last_version(http, folder, answers[-1], bodies)
+
+
+def _check_the_answers(
+    records: list[Record],
+    answers: list[list[bytes]],
+    swaps: list[tuple[int, int]],
+    requests: list[list[np.ndarray]],
+) -> None:
+    for k, alpha in enumerate(ALPHAS):  # the server's answers are each version's own
+        for client, body in enumerate(answers[k]):
+            got = httpx.Response(200, content=body).json()["sequences"]
+            for g, want in zip(got, local_answer(alpha, requests[client]), strict=True):
+                np.testing.assert_allclose(np.array(g, np.float32), want, atol=1e-5, rtol=0)
+        if k:
+            assert answers[k] != answers[k - 1]
+    assert len(records) > 8 * CLIENTS
+    last_seen = [0] * CLIENTS
+    for record in sorted(records, key=lambda r: r.sent):
+        assert record.status == 200, record.body
+        of_client = [a[record.client] for a in answers]
+        assert record.body in of_client, "an answer of no single version"
+        version = of_client.index(record.body)
+        assert version >= last_seen[record.client], "a client went back to an older version"
+        last_seen[record.client] = version
+        seen_swaps = sum(1 for _, seen in swaps if seen < record.sent)
+        assert version >= seen_swaps, "sent after a swap was seen, answered by the old version"
+        written = sum(1 for replaced, _ in swaps if replaced < record.received)
+        assert version <= written, "answered by a version not yet written"
+    assert sorted(set(last_seen)) == [len(ALPHAS) - 1]
+
+
+def _a_bad_file_keeps_the_last_version(
+    http: httpx.Client, folder: Path, last: list[bytes], bodies: list[dict[str, Any]]
+) -> None:
+    before = served_version(http)
+    (folder / ".broken").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    os.replace(folder / ".broken", folder / "smoother.safetensors")
+    r = http.post("/admin/reload")
+    assert r.status_code == 200, r.text
+    [failure] = r.json()["failed"]
+    assert failure["model"] == "smoother"
+    assert "not a valid safetensors file" in failure["error"]
+    assert r.json()["models"] == {"smoother": before}
+    assert [http.post("/smooth", json=b).content for b in bodies] == last
+    text = http.get("/metrics").text
+    assert value(text, "rnnserve_model_reloads_total", result="failed") == 1
