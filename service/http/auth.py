@@ -110,7 +110,7 @@ def byte_budget(state: Any) -> ByteBudget:
     return budget
 
 
-def _overloaded(budget: ByteBudget) -> RequestError:
+def overloaded(budget: ByteBudget) -> RequestError:
     return RequestError(
         "overloaded",
         f"the server holds {budget.used} bytes of requests (its budget is {budget.limit}); "
@@ -138,7 +138,7 @@ async def read_body(request: Request, limit: int, timeout_s: float, held: Held) 
         if int(declared) > limit:
             raise too_big
         if int(declared) > budget.room():
-            raise _overloaded(budget)
+            raise overloaded(budget)
     chunks = []
     size = 0
     try:
@@ -149,7 +149,7 @@ async def read_body(request: Request, limit: int, timeout_s: float, held: Held) 
                     raise too_big
                 if chunk:  # starlette ends with b"": a body in one piece is then not copied
                     if not budget.take(len(chunk)):
-                        raise _overloaded(budget)
+                        raise overloaded(budget)
                     held.n = size
                     chunks.append(chunk)
     except TimeoutError:

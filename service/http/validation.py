@@ -6,6 +6,8 @@ wrong and where (sequence, step, feature), never echoing the input back.
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
@@ -132,43 +134,66 @@ def _from_pydantic(exc: pydantic.ValidationError, field: str) -> RequestError:
     return RequestError(kind, f"{path}: {err['msg']}", loc)
 
 
+@dataclass
+class FlatNumbers:
+    """A body's sequences as three flat arrays: every number in order (float64, as parsed),
+    the steps of each sequence and the numbers of each step. Compact where nested lists of
+    Python floats take tens of bytes a number, and cheap to send between processes."""
+
+    numbers: np.ndarray  # float64 [total numbers]
+    steps: np.ndarray  # int64 [N]
+    widths: np.ndarray  # int64 [sum T_i]
+
+    @classmethod
+    def of(cls, sequences: list[list[list[float]]]) -> FlatNumbers:
+        steps = np.fromiter((len(seq) for seq in sequences), np.int64, len(sequences))
+        all_steps = list(itertools.chain.from_iterable(sequences))
+        widths = np.fromiter((len(step) for step in all_steps), np.int64, len(all_steps))
+        numbers = np.fromiter(
+            itertools.chain.from_iterable(all_steps), np.float64, int(widths.sum())
+        )
+        return cls(numbers, steps, widths)
+
+
 def to_arrays(
-    sequences: list[list[list[float]]], field: str, feat_dim: int, limits: Limits, model: str
+    sequences: list[list[list[float]]] | FlatNumbers,
+    field: str,
+    feat_dim: int,
+    limits: Limits,
+    model: str,
 ) -> list[np.ndarray]:
-    """Check counts and shapes and return one float32 ``[T_i, feat_dim]`` array per sequence."""
-    too_long = next(
-        ((i, len(seq)) for i, seq in enumerate(sequences) if len(seq) > limits.max_sequence_length),
-        (-1, 0),
-    )
-    total = sum(len(seq) for seq in sequences)
-    bodies.check_limits(len(sequences), too_long, total, field, limits)
-    arrays = []
-    for i, seq in enumerate(sequences):
-        try:
-            with np.errstate(over="ignore"):  # overflow to inf is reported just below
-                arr = np.array(seq, dtype=np.float32)
-        except ValueError:  # ragged: steps of different lengths
-            arr = None
-        if arr is None or arr.ndim != 2 or arr.shape[1] != feat_dim:
-            raise _feature_count_error(seq, i, field, feat_dim, model)
-        bad = np.argwhere(~np.isfinite(arr))
-        if bad.size:  # finite in JSON (float64) but out of float32's range
-            t, f = (int(v) for v in bad[0])
-            raise RequestError(
-                "non_finite",
-                f"sequence {i}, step {t}, feature {f}: value is outside float32's range",
-                (field, i, t, f),
-            )  # fmt: skip
-        arrays.append(arr)
-    return arrays
-
-
-def _feature_count_error(
-    seq: list[list[float]], i: int, field: str, feat_dim: int, model: str
-) -> RequestError:
-    t = next(t for t, step in enumerate(seq) if len(step) != feat_dim)
-    return RequestError(
-        "wrong_feature_count",
-        f"sequence {i}, step {t}: has {len(seq[t])} features; model '{model}' takes {feat_dim}",
-        (field, i, t),
-    )  # fmt: skip
+    """Check counts and shapes and return one float32 ``[T_i, feat_dim]`` array per sequence.
+    Errors name the first sequence at fault: its wrong width before its non-finite value."""
+    flat = sequences if isinstance(sequences, FlatNumbers) else FlatNumbers.of(sequences)
+    over = np.flatnonzero(flat.steps > limits.max_sequence_length)
+    too_long = (int(over[0]), int(flat.steps[over[0]])) if over.size else (-1, 0)
+    bodies.check_limits(len(flat.steps), too_long, int(flat.steps.sum()), field, limits)
+    starts = np.concatenate(([0], np.cumsum(flat.steps)))  # each sequence's first step
+    wrong = np.flatnonzero(flat.widths != feat_dim)
+    # sequences before the first wrong width are all feat_dim wide: their numbers line up
+    first_wrong_seq = len(flat.steps)
+    if wrong.size:
+        first_wrong_seq = int(np.searchsorted(starts, wrong[0], side="right")) - 1
+    good_steps = int(starts[first_wrong_seq])
+    with np.errstate(over="ignore"):  # overflow to inf is reported just below
+        data = flat.numbers[: good_steps * feat_dim].astype(np.float32).reshape(-1, feat_dim)
+    bad = np.flatnonzero(~np.isfinite(data).all(axis=1))
+    if bad.size:  # finite in JSON (float64) but out of float32's range
+        row = int(bad[0])
+        i = int(np.searchsorted(starts, row, side="right")) - 1
+        f = int(np.flatnonzero(~np.isfinite(data[row]))[0])
+        raise RequestError(
+            "non_finite",
+            f"sequence {i}, step {row - starts[i]}, feature {f}: value is outside float32's "
+            "range",
+            (field, i, int(row - starts[i]), f),
+        )  # fmt: skip
+    if wrong.size:
+        t = int(wrong[0] - starts[first_wrong_seq])
+        raise RequestError(
+            "wrong_feature_count",
+            f"sequence {first_wrong_seq}, step {t}: has {int(flat.widths[wrong[0]])} features; "
+            f"model '{model}' takes {feat_dim}",
+            (field, first_wrong_seq, t),
+        )  # fmt: skip
+    return [data[a:b] for a, b in itertools.pairwise(starts.tolist())]
