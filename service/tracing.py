@@ -75,18 +75,14 @@ def exporters_asked(env: Mapping[str, str]) -> list[str]:
     return names
 
 
-def provider_from_environment(
-    version: str = "", env: Mapping[str, str] | None = None
-) -> TracerProvider | None:
-    """A tracer provider exporting as the ``OTEL_*`` variables say; ``None``: tracing is off.
-
-    Raises :class:`StartupError` when they ask for tracing and the extra is not installed, or
-    for an exporter rnnserve does not ship.
-    """
-    env = os.environ if env is None else env
-    names = exporters_asked(env)
+def check_environment() -> list[str]:
+    """The span exporters the ``OTEL_*`` variables ask for (empty: tracing is off), checked:
+    raises :class:`StartupError` for an exporter or protocol rnnserve does not ship, or when
+    the ``tracing`` extra is not installed. For the command to call before the port opens."""
+    names = exporters_asked(os.environ)
     if not names:
-        return None
+        return []
+    env = os.environ
     protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", env.get("OTEL_EXPORTER_OTLP_PROTOCOL"))
     if "otlp" in names and protocol not in (None, "", "http/protobuf"):
         raise StartupError(
@@ -94,19 +90,31 @@ def provider_from_environment(
             "(set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf or leave it unset)"
         )
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import (
-            BatchSpanProcessor,
-            ConsoleSpanExporter,
-            SimpleSpanProcessor,
-        )
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
     except ImportError as exc:
         raise StartupError(
             f"the OTEL_* variables ask for tracing ({', '.join(names)}) but the OpenTelemetry "
             f"SDK is not installed: {EXTRA}"
         ) from exc
+    return names
+
+
+def provider_from_environment(version: str = "") -> TracerProvider | None:
+    """A tracer provider exporting as the ``OTEL_*`` variables say; ``None``: tracing is off.
+    Raises :class:`StartupError` as :func:`check_environment` does."""
+    names = check_environment()
+    if not names:
+        return None
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SimpleSpanProcessor,
+    )
+
     # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, read by the SDK, win over these defaults
     resource = Resource.create()
     ours = {} if SERVICE_VERSION in resource.attributes else {SERVICE_VERSION: version}
@@ -116,6 +124,6 @@ def provider_from_environment(
     provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
     if "otlp" in names:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    if "console" in names:  # for a look at the spans: one line of stdout each, as they end
+    if "console" in names:  # for a look at the spans: each as JSON on stdout, as it ends
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
     return provider

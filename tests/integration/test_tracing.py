@@ -159,16 +159,6 @@ async def test_a_streamed_rollout_span_ends_with_the_stream_and_each_chunk_links
     assert set(children(spans, server)) == {"read body", "decode", "queue wait"}
 
 
-def test_tracing_needs_an_exporter_named_or_an_endpoint() -> None:
-    asked = tracing.exporters_asked
-    assert asked({}) == []
-    assert asked({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}) == ["otlp"]
-    assert asked({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}) == ["otlp"]
-    assert asked({"OTEL_TRACES_EXPORTER": "console"}) == ["console"]
-    assert asked({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}) == []
-    assert asked({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) == []
-
-
 async def test_with_tracing_off_a_request_runs_no_opentelemetry_code() -> None:
     called: set[str] = set()
 
