@@ -27,9 +27,10 @@ from rnnserve.service.endpoints import INFER, ROLLOUT, Endpoint
 from rnnserve.service.http import defaults, errors, negotiation, tracing
 from rnnserve.service.http.auth import Held, budget_of, read_body
 from rnnserve.service.http.outcomes import ClientGone, DeadlineExceeded
+from rnnserve.service.http.precise import read_precisely
 from rnnserve.service.http.responses import BuffersResponse, error_response
 from rnnserve.service.http.streaming import NDJSON, disconnected, ndjson
-from rnnserve.service.http.validation import SCHEMAS, parse_body, to_arrays
+from rnnserve.service.http.validation import SCHEMAS, FlatNumbers, to_arrays
 from rnnserve.service.interface import (
     BatcherClosed,
     EngineUnavailable,
@@ -200,11 +201,11 @@ async def _read(call: _Call) -> bytes:
 @dataclass
 class _Parsed:
     """A body read: the model it names, and its sequences still to check against the model
-    (``decoded``: the fast path's; else ``lists``, the precise parser's)."""
+    (``decoded``: the fast path's; else ``flat``, the precise parser's)."""
 
     model: str | None
     decoded: bodies.Decoded | None
-    lists: Any = None
+    flat: FlatNumbers | None = None
 
 
 def _limits(settings: Settings) -> Limits:
@@ -229,10 +230,11 @@ async def _decode(call: _Call, body: bytes) -> _Parsed:
         decoded = await codec.run(json_bytes, bodies.decode, body, ctype, field, limits)
     if decoded is not None:
         return _Parsed(decoded.model, decoded)
-    # off the JSON fast path: the precise parser says what is wrong
+    # off the JSON fast path: the precise parser (in a child for large bodies, its memory held
+    # in the budget) says what is wrong, or reads what the fast one declined
     schema = SCHEMAS[call.endpoint][0]
-    name, lists = await codec.run(len(body), parse_body, body, schema, field)
-    return _Parsed(name, None, lists)
+    name, flat = await read_precisely(call.request, body, schema, field, call.held, codec)
+    return _Parsed(name, None, flat)
 
 
 def _choose_model(call: _Call, name: str | None) -> tuple[str, ServedInfo]:
@@ -272,9 +274,7 @@ async def _arrays(call: _Call, body: bytes, parsed: _Parsed, name: str, served: 
     codec: CodecPool = call.state.codec
     limits = _limits(call.state.settings)
     field = call.endpoint.input_field
-    return await codec.run(
-        len(body), to_arrays, parsed.lists, field, served.input_dim, limits, name
-    )
+    return await codec.run(len(body), to_arrays, parsed.flat, field, served.input_dim, limits, name)
 
 
 async def _run(call: _Call, name: str) -> Response:

@@ -70,7 +70,7 @@ async def read_precisely(
     if not budget.take(cost):
         raise overloaded(budget)
     held.n += cost
-    return await READER.read(body, schema, field)
+    return await READER.read(body, schema, field, codec)
 
 
 class PreciseReader:
@@ -89,12 +89,13 @@ class PreciseReader:
             return self._pool
 
     async def read(
-        self, body: bytes, schema: type[BaseModel], field: str
+        self, body: bytes, schema: type[BaseModel], field: str, codec: CodecPool
     ) -> tuple[str | None, FlatNumbers]:
         """The body's model name and numbers, or the :class:`RequestError` that says what is
-        wrong with it; parsed in the child when the body is large."""
+        wrong with it; parsed in the child when the body is large, else where ``codec`` puts
+        work of its size."""
         if len(body) < CHILD_MIN_BYTES:
-            return parse_flat(body, schema, field)
+            return await codec.run(len(body), parse_flat, body, schema, field)
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._child(), parse_flat, body, schema, field)

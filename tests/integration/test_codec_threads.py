@@ -14,7 +14,7 @@ import pytest
 
 from rnnserve.service.codec import bodies
 from rnnserve.service.codec.threads import CodecPool
-from rnnserve.service.http import inference
+from rnnserve.service.http import inference, precise
 
 from .conftest import running_app
 
@@ -81,7 +81,7 @@ def where_it_ran(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
     monkeypatch.setattr(bodies, "decode", spy("decode", bodies.decode))
     monkeypatch.setattr(bodies, "encode", spy("encode", bodies.encode))
-    monkeypatch.setattr(inference, "parse_body", spy("parse_body", inference.parse_body))
+    monkeypatch.setattr(precise, "parse_body", spy("parse_body", precise.parse_body))
     monkeypatch.setattr(inference, "to_arrays", spy("to_arrays", inference.to_arrays))
     return seen
 

@@ -11,10 +11,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.http import precise, validation
 from rnnserve.service.http.validation import FlatNumbers, SmoothRequest
 from rnnserve.service.interface import Limits, RequestError
 
+CODEC = CodecPool(0, 0)  # all in place: the child is the reader's own doing
 LIMITS = Limits(max_sequences=256, max_sequence_length=10**6, max_timesteps=10**7)
 
 
@@ -43,7 +45,7 @@ def test_a_large_body_is_parsed_in_the_child_with_the_same_numbers(
         raise AssertionError("parsed in the serving process")
 
     monkeypatch.setattr(precise, "parse_body", not_here)  # the child has its own, untouched
-    name, flat = asyncio.run(reader.read(body, SmoothRequest, "sequences"))
+    name, flat = asyncio.run(reader.read(body, SmoothRequest, "sequences", CODEC))
     assert name == here[0] == "m"
     np.testing.assert_array_equal(flat.numbers, here[1].numbers)
     np.testing.assert_array_equal(flat.steps, [20_000, 1])
@@ -64,7 +66,7 @@ def test_a_small_body_is_parsed_in_place(
         return parse(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(precise, "parse_body", counted)
-    name, flat = asyncio.run(reader.read(_escaped_body(3), SmoothRequest, "sequences"))
+    name, flat = asyncio.run(reader.read(_escaped_body(3), SmoothRequest, "sequences", CODEC))
     assert (name, calls, flat.steps.tolist()) == ("m", [1], [3, 1])
     assert reader._pool is None  # no child for it
 
@@ -80,22 +82,22 @@ def test_a_large_bad_body_gets_the_same_error_from_the_child(
     with pytest.raises(RequestError) as here:
         validation.parse_body(body, SmoothRequest, "sequences")
     with pytest.raises(RequestError) as there:
-        asyncio.run(reader.read(body, SmoothRequest, "sequences"))
+        asyncio.run(reader.read(body, SmoothRequest, "sequences", CODEC))
     got, want = there.value, here.value
     assert (got.type, got.message, got.loc) == (want.type, want.message, want.loc)
 
 
 def test_a_child_that_dies_is_replaced(reader: precise.PreciseReader) -> None:
     body = _escaped_body(20_000)
-    asyncio.run(reader.read(body, SmoothRequest, "sequences"))
+    asyncio.run(reader.read(body, SmoothRequest, "sequences", CODEC))
     pool = reader._pool
     assert pool is not None
     for process in list(pool._processes.values()):
         process.kill()
         process.join()
     with pytest.raises(Exception):  # noqa: B017, PT011 (BrokenProcessPool, however it is raised)
-        asyncio.run(reader.read(body, SmoothRequest, "sequences"))
-    assert asyncio.run(reader.read(body, SmoothRequest, "sequences"))[1].steps.tolist() == [
+        asyncio.run(reader.read(body, SmoothRequest, "sequences", CODEC))
+    assert asyncio.run(reader.read(body, SmoothRequest, "sequences", CODEC))[1].steps.tolist() == [
         20_000,
         1,
     ]
