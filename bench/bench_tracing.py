@@ -102,6 +102,7 @@ async def _measure(mode: str, requests: int) -> dict[str, float]:
     from rnnserve.service.http.app import create_app
 
     app = create_app(Settings(max_delay_ms=0.0), tracer_provider=_provider(mode))
+    assert (app.state.tracing is not None) == (mode == "on"), mode  # measures what it says
     async with app.router.lifespan_context(app):
         for _ in range(200):  # warm: the first requests pay one-off costs
             assert await _post(app) == 200
@@ -115,6 +116,12 @@ async def _measure(mode: str, requests: int) -> dict[str, float]:
 def _child(mode: str, requests: int) -> None:
     if mode == "not installed":
         sys.modules["opentelemetry.sdk"] = None  # type: ignore[assignment]  # unimportable
+        try:
+            import opentelemetry.sdk.trace  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            raise AssertionError("the SDK is still importable")
     for name in [n for n in os.environ if n.startswith("OTEL_")]:
         del os.environ[name]
     print(json.dumps(asyncio.run(_measure(mode, requests))))
