@@ -55,6 +55,30 @@ def current_ids() -> tuple[str, str] | None:
     return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
+def current_traceparent() -> str | None:
+    """The current span as a W3C ``traceparent``, for a call to another process; ``None``:
+    tracing is off or no span is current."""
+    if _tracer is None:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier.get("traceparent")
+
+
+def continue_trace(traceparent: str) -> None:
+    """Make the span ``traceparent`` names the current one in this task (the other side of a
+    call :func:`current_traceparent` named), so that the batchers link to it; for the rest of
+    the task, as :func:`~rnnserve.service.interface.open_request` does. A no-op when off."""
+    if _tracer is None:
+        return
+    from opentelemetry import context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    context.attach(TraceContextTextMapPropagator().extract({"traceparent": traceparent}))
+
+
 def exporters_asked(env: Mapping[str, str]) -> list[str]:
     """The span exporters the ``OTEL_*`` variables ask for; empty: tracing is off."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":

@@ -97,3 +97,39 @@ def test_resource_attributes_from_the_environment_win_over_rnnserves(
         assert provider.resource.attributes["service.version"] == "9"
     finally:
         provider.shutdown()
+
+
+def test_a_traceparent_sent_to_another_process_continues_its_trace_in_the_batcher() -> None:
+    import contextvars
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from rnnserve.service.engine.tracing import waiting
+    from rnnserve.service.interface import open_request
+
+    tracer = TracerProvider().get_tracer("test")
+    tracing.use(tracer)
+    try:
+        with tracer.start_as_current_span("engine call") as span:
+            sent = tracing.current_traceparent()
+        ids = span.get_span_context()
+        assert sent is not None
+        assert sent.startswith(f"00-{ids.trace_id:032x}-{ids.span_id:016x}-")  # then its flags
+
+        def engine_side() -> object:  # a task of its own, in the engine process
+            open_request("req-5")
+            tracing.continue_trace(sent)
+            return waiting()
+
+        queued = contextvars.copy_context().run(engine_side)
+    finally:
+        tracing.use(None)
+    assert queued is not None
+    assert (queued.span.trace_id, queued.span.span_id) == (ids.trace_id, ids.span_id)
+    assert queued.request_id == "req-5"
+
+
+def test_with_tracing_off_no_traceparent_is_sent() -> None:
+    assert tracing.tracer() is None
+    assert tracing.current_traceparent() is None
+    tracing.continue_trace("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")  # no-op
