@@ -214,8 +214,11 @@ class ModelRuntime:
             self._poll = asyncio.ensure_future(poll_directory(where, period, self.reload, files))
 
     async def stop(self) -> None:
+        self._loop = None  # a reload asked for now is refused: the batchers are closing
         if self._poll is not None:
             self._poll.cancel()
+        async with self._reloading:  # one under way swaps its versions in first
+            pass
         while self._background:  # a reload under way, old versions finishing their requests
             await asyncio.gather(*list(self._background), return_exceptions=True)
         await asyncio.gather(
@@ -256,7 +259,7 @@ class ModelRuntime:
     def reload_soon(self, why: str = "SIGHUP") -> None:
         """Reload in the background; safe from a signal handler or another thread."""
         if self._loop is None:
-            log.warning("%s: the models are still loading; nothing reloaded", why)
+            log.warning("%s: the models are not being served (starting or stopping); ignored", why)
             return
         self._loop.call_soon_threadsafe(self._reload_in_background, why)
 
@@ -275,6 +278,9 @@ class ModelRuntime:
         requests are done. A directory that fails the start-up checks changes nothing."""
         async with self._reloading:
             report = ReloadReport()
+            if self._loop is None:
+                report.failed[""] = "the models are not being served (starting or stopping)"
+                return report
             try:
                 names = await asyncio.to_thread(check_model_dir, self.settings)
             except StartupError as exc:
@@ -291,7 +297,9 @@ class ModelRuntime:
             self._count(report)
             return report
 
-    async def _reload_one(self, name: str, report: ReloadReport, fresh: dict[str, Any]) -> None:
+    async def _reload_one(
+        self, name: str, report: ReloadReport, fresh: dict[str, ServedModel]
+    ) -> None:
         old = self.models.get(name)
         try:
             path = model_file(name, self.settings.model_dir)
