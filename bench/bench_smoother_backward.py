@@ -20,7 +20,9 @@ before it is timed. The rows:
   kernel does); and ``lax.associative_scan`` differentiated by JAX.
 
 Samples are interleaved round-robin across the variants; each sample repeats the step until it
-lasts about ``--sample-s``. Prints a markdown table: median, min and max per step.
+lasts about ``--sample-s``. Prints a markdown table: median, min and max per step, and a row
+for the torch rows' loss alone (``mse_loss`` forward and backward), the share of their step
+that is not the smoother.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ JAX_SCAN = "JAX grad of lax.scan (padded)"
 JAX_SCAN_UNROLL = "JAX grad of lax.scan, unroll=4 (padded)"
 JAX_SCAN_VJP = "JAX lax.scan, custom_vjp reverse scan (padded)"
 JAX_ASSOC = "JAX grad of lax.associative_scan (padded)"
+LOSS_ALONE = "(share) torch mse_loss alone, forward + backward"
 
 
 @dataclass
@@ -119,6 +122,19 @@ def torch_step(p: Problem, kernel: str) -> Callable[[], np.ndarray]:
         assert a is not None
         assert w is not None
         return np.concatenate([a.numpy(), w.numpy()])
+
+    return step
+
+
+def loss_alone(p: Problem) -> Callable[[], np.ndarray]:
+    """The torch rows' loss by itself, forward and backward, on a fixed ``y``: their share."""
+    target = pack(p.targets).data
+    y = target.flip(0).clone().requires_grad_(True)
+
+    def step() -> np.ndarray:
+        y.grad = None
+        F.mse_loss(y, target, reduction="sum").backward()
+        return np.zeros(2 * FEAT)
 
     return step
 
@@ -269,9 +285,10 @@ def bench_shape(
         print(f"JAX rows left out: {e}")
     slow = {TORCH_LOOP: torch_step(p, "torch")}
     errs = {name: check(name, fn(), want) for name, fn in (fast | slow).items()}
+    fast[LOSS_ALONE] = loss_alone(p)
     samples = measure(fast, rounds, sample_s) | measure(slow, torch_rounds, 0.0)
     base = statistics.median(samples[COMPILED])
-    jax_names = [n for n in samples if n.startswith("JAX")]
+    jax_names = [n for n in samples if n.startswith("JAX")]  # the loss row is not a variant
     best_jax = min(jax_names, key=lambda n: statistics.median(samples[n]), default=None)
     lines = [
         f"**B={batch}, T={steps}, F={FEAT}** ({p.n_rows:,} rows; lengths T/2..T)",
@@ -284,7 +301,8 @@ def bench_shape(
         mark = " (fastest JAX)" if name == best_jax else ""
         lines.append(
             f"| {name}{mark} | {med * 1e3:.2f} ms | {min(ts) * 1e3:.2f} ms | "
-            f"{max(ts) * 1e3:.2f} ms | {med / base:.2f}× | {errs[name]:.1e} |"
+            f"{max(ts) * 1e3:.2f} ms | {med / base:.2f}× | "
+            f"{'' if name == LOSS_ALONE else f'{errs[name]:.1e}'} |"
         )
     if best_jax is not None:
         ratio = base / statistics.median(samples[best_jax])
