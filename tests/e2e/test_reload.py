@@ -236,3 +236,24 @@ def _a_bad_file_keeps_the_last_version(
     assert [http.post("/smooth", json=b).content for b in bodies] == last
     text = http.get("/metrics").text
     assert value(text, "rnnserve_model_reloads_total", result="failed") == 1
+
+
+def test_the_poll_reloads_a_replaced_file_in_the_engine_process(tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write(folder, ALPHAS[0])
+    server = start_server(
+        tmp_path, "--model-dir", str(folder), "--device", "cpu", "--workers", "2",
+        "--reload-poll-s", "0.2", ready_timeout_s=300,
+    )  # fmt: skip
+    try:
+        with httpx.Client(base_url=server.url, timeout=WAIT_S) as http:
+            before = served_version(http)
+            body = {"sequences": [s.tolist() for s in request_of(0)]}
+            write(folder, ALPHAS[1])
+            until(lambda: served_version(http) != before, "the poll to reload the file")
+            got = http.post("/smooth", json=body).json()["sequences"]
+            for g, want in zip(got, local_answer(ALPHAS[1], request_of(0)), strict=True):
+                np.testing.assert_allclose(np.array(g, np.float32), want, atol=1e-5, rtol=0)
+    finally:
+        stop(server)
