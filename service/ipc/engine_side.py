@@ -81,7 +81,8 @@ class _Connection:
 
     async def _reload(self, frame: Frame) -> None:
         try:
-            report = await self.runtime.reload()
+            # shielded: a worker that goes away leaves the reload to finish for the others
+            report = await asyncio.shield(self.runtime.reload())
             # the MODELS frame of a change went to every worker before this answer
             reply = Frame(Op.RELOADED, frame.id, text=orjson.dumps(report.as_json()))
         except asyncio.CancelledError:
