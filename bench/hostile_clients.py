@@ -8,7 +8,8 @@ server must survive without shutting out anyone else:
 - ``huge_heads``: a request head of many MiB;
 - ``cut_short``: bodies broken off mid-way by a hang-up;
 - ``slow_heads``: heads trickled a byte at a time;
-- ``huge_safetensors_header``: a safetensors body whose header claims tens of MiB.
+- ``huge_safetensors_header``: a safetensors body whose header claims tens of MiB;
+- ``escaped_bodies``: large JSON bodies that only the precise parser reads.
 
 ``python -m bench.hostile_clients`` starts a server, times the normal client alone and then under
 every attack at once, and prints the latency ratio (the e2e test
@@ -86,6 +87,7 @@ def declared_bodies(url: str, stop: threading.Event, out: Outcomes, count: int =
                     out.note("declared_bodies", "closed")
                     break
             sock.close()
+        stop.wait(PAUSE_S)
 
 
 def _safetensors_body(steps: int) -> bytes:
@@ -181,6 +183,19 @@ def huge_safetensors_header(url: str, stop: threading.Event, out: Outcomes) -> N
         stop.wait(PAUSE_S)
 
 
+def escaped_bodies(url: str, stop: threading.Event, out: Outcomes) -> None:
+    """2 MiB JSON bodies with an escaped key, which only the precise (slow) parser reads."""
+    steps = 2 * MiB // (FEATURES * 10)
+    rows = b"[" + b",".join([b"[" + b",".join([b"0.123456"] * FEATURES) + b"]"] * steps) + b"]"
+    body = b'{"s\\u0065quences": [' + rows + b"]}"
+    while not stop.is_set():
+        r = httpx.post(
+            f"{url}/smooth", content=body, headers={"content-type": "application/json"}, timeout=60
+        )
+        out.note("escaped_bodies", str(r.status_code))
+        stop.wait(PAUSE_S)
+
+
 ATTACKS: dict[str, Callable[[str, threading.Event, Outcomes], None]] = {
     "declared_bodies": declared_bodies,
     "unread_answers": unread_answers,
@@ -188,6 +203,7 @@ ATTACKS: dict[str, Callable[[str, threading.Event, Outcomes], None]] = {
     "cut_short": cut_short,
     "slow_heads": slow_heads,
     "huge_safetensors_header": huge_safetensors_header,
+    "escaped_bodies": escaped_bodies,
 }
 
 

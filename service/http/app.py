@@ -26,7 +26,7 @@ from rnnserve.service import tracing
 from rnnserve.service.codec import bodies
 from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings, package_version
-from rnnserve.service.http import openapi
+from rnnserve.service.http import openapi, precise
 from rnnserve.service.http.responses import error_response, json_response
 from rnnserve.service.http.routes import (
     router,
@@ -123,6 +123,7 @@ def create_app(
             app.state.ready = False  # /readyz answers 503 while draining
             await runtime.stop()
             app.state.codec.close()
+            precise.READER.close()  # its child, if a large body started one
             gc.unfreeze()
             if own_provider is not None:  # sends the spans still buffered
                 await asyncio.get_running_loop().run_in_executor(None, own_provider.shutdown)

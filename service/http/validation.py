@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rnnserve.service.codec import bodies
 from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, Endpoint
-from rnnserve.service.interface import Limits, RequestError, quote
+from rnnserve.service.interface import FlatSequences, Limits, RequestError, quote
 
 # Strict: no strings or booleans posing as numbers; NaN and Infinity literals are refused.
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -161,8 +161,8 @@ def to_arrays(
     feat_dim: int,
     limits: Limits,
     model: str,
-) -> list[np.ndarray]:
-    """Check counts and shapes and return one float32 ``[T_i, feat_dim]`` array per sequence.
+) -> FlatSequences:
+    """Check counts and shapes and return the sequences as float32 ``[T_i, feat_dim]`` rows.
     Errors name the first sequence at fault: its wrong width before its non-finite value."""
     flat = sequences if isinstance(sequences, FlatNumbers) else FlatNumbers.of(sequences)
     over = np.flatnonzero(flat.steps > limits.max_sequence_length)
@@ -196,4 +196,4 @@ def to_arrays(
             f"model '{model}' takes {feat_dim}",
             (field, first_wrong_seq, t),
         )  # fmt: skip
-    return [data[a:b] for a, b in itertools.pairwise(starts.tolist())]
+    return FlatSequences(data, flat.steps)

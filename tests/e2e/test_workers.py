@@ -389,3 +389,18 @@ def test_the_memory_budget_is_per_worker(tmp_path: Path) -> None:
         for sock in [*spare, *(s for group in socks.values() for s in group)]:
             sock.close()
         stop(srv)
+
+
+@pytest.mark.parametrize("steps", [20, 5_000])  # parsed in place; in the precise child
+def test_a_body_only_the_precise_reader_reads_is_served_by_the_workers(
+    server: Server, steps: int
+) -> None:
+    # the precise path's sequences cross to the engine like the fast path's
+    rows = np.random.default_rng(5).uniform(-1, 1, (steps, 16)).round(5).tolist()
+    plain = orjson.dumps({"sequences": [rows, rows[:3]]})
+    escaped = plain.replace(b'"sequences"', b'"s\\u0065quences"', 1)
+    headers = {"content-type": "application/json"}
+    want = httpx.post(f"{server.url}/smooth", content=plain, headers=headers, timeout=60)
+    got = httpx.post(f"{server.url}/smooth", content=escaped, headers=headers, timeout=60)
+    assert (want.status_code, got.status_code) == (200, 200), got.text[:300]
+    assert got.content == want.content
