@@ -42,7 +42,7 @@ from bench.models_harness import DEFAULT_OUT, cpu_model, write_section
 from rnnserve.service.codec import bodies
 from rnnserve.service.config import Settings
 from rnnserve.service.engine.runtime import ModelRuntime
-from rnnserve.service.interface import FlatSequences, Limits, Piece
+from rnnserve.service.interface import FlatSequences, Limits, Piece, ReloadReport
 from rnnserve.service.ipc.engine_side import EngineServer
 from rnnserve.service.ipc.worker_side import RemoteRuntime
 from tests.e2e.server import Server, start_server, stop
@@ -87,6 +87,11 @@ class _Echo:
 
     async def open_stream(self, name: str, sequences: FlatSequences) -> AsyncIterator[list[Piece]]:
         raise NotImplementedError("the transport benchmark sends no streams")
+
+    async def reload(self) -> ReloadReport:
+        raise NotImplementedError("the transport benchmark reloads nothing")
+
+    def on_models_changed(self, callback: Callable[[], None]) -> None: ...
 
 
 async def _transport_cost(payloads: list[FlatSequences], calls: int, repeats: int) -> float:
