@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 try:  # numba is a runtime dependency, but keep the torch path usable without it.
     import numba
@@ -295,6 +296,7 @@ class _NumbaSmootherFn(torch.autograd.Function):
         return y, last
 
     @staticmethod
+    @once_differentiable  # the compiled loop is not differentiable itself: refuse, loudly
     def backward(
         ctx: Any, grad_y: Tensor | None, grad_final: Tensor | None
     ) -> tuple[Tensor | None, ...]:

@@ -285,3 +285,15 @@ def test_training_recovers_the_alpha_and_wx_that_made_the_targets() -> None:
             model.alpha_smooth.clamp_(0.0, 0.999)
     torch.testing.assert_close(model.alpha_smooth.detach(), true_alpha, atol=1e-2, rtol=0)
     torch.testing.assert_close(model.wx.detach(), true_wx, atol=2e-2, rtol=0)
+
+
+def test_a_second_derivative_is_refused_not_silently_wrong() -> None:
+    """d(dL/dalpha)/dc for a loss weighted by a trainable ``c``: the compiled backward is not
+    differentiable, so asking must raise rather than give 0."""
+    case = inputs([4, 2], with_init=False)
+    alpha = case["alpha"].clone().requires_grad_(True)
+    c = torch.ones(F, dtype=torch.float64, requires_grad=True)
+    y, _ = smooth_packed_numba(case["x"], case["bs"], alpha, case["wx"])
+    (grad,) = torch.autograd.grad((y * c).sum(), alpha, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.sum().backward()
