@@ -22,6 +22,21 @@ def package_version() -> str:
         return "0+unknown"
 
 
+# the token the deployment files ship with (deploy/k8s/base/kustomization.yaml): a server given
+# it was deployed without its own token, which anyone who has read this repository knows
+PLACEHOLDER_TOKEN_PREFIX = "REPLACE-ME"
+
+
+def _check_token(token: str, what: str) -> None:
+    if not token:
+        raise ValueError(f"{what} is empty")
+    if token.startswith(PLACEHOLDER_TOKEN_PREFIX):
+        raise ValueError(
+            f"{what} holds the deployment files' placeholder ({PLACEHOLDER_TOKEN_PREFIX}...); "
+            "replace it with a token of your own (docs/DEPLOY.md)"
+        )
+
+
 class Settings(BaseSettings):
     """Serve recurrent sequence models over HTTP. Every option is also an environment variable
     RNNSERVE_<OPTION> (upper case, underscores); flags win over the environment."""
@@ -214,15 +229,14 @@ class Settings(BaseSettings):
                 token = value.read_text().strip()
             except OSError as exc:
                 raise ValueError(f"cannot read the token file: {exc.strerror}") from None
-            if not token:
-                raise ValueError(f"{value} is empty")
+            _check_token(token, f"{value}")
         return value
 
     @field_validator("api_token")
     @classmethod
     def _non_empty_token(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().strip():
-            raise ValueError("the token is empty")
+        if value is not None:
+            _check_token(value.get_secret_value().strip(), "the token")
         return value
 
     def bearer_token(self) -> str | None:

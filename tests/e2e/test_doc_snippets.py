@@ -3,7 +3,7 @@
 A ``bash`` or ``python`` block runs unless the line before it is ``<!-- not run: <why> -->``;
 those are skipped with their reason, so ``-ra`` lists them. Blocks run in a scratch folder that
 links the repository's ``.venv``, ``examples`` and ``scripts`` and holds a copy of
-``deploy/grafana``, so what they write stays there. ``localhost:8000`` in a block is the test's
+``deploy/grafana``, and is their ``HOME``, so what they write stays there. ``localhost:8000`` in a block is the test's
 server (the bundled models); a line that starts ``rnnserve`` (its environment and flags kept)
 starts a server of its own for the rest of the block. ``curl`` fails on an HTTP error status.
 """
@@ -152,6 +152,7 @@ def server(workdir: Path) -> Iterator[Server]:
 def environment(workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RNNSERVE_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["HOME"] = str(workdir)  # what a block writes to ~ stays in the scratch folder
     return env
 
 

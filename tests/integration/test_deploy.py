@@ -35,10 +35,11 @@ from typing import Any
 import httpx
 import jsonschema
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
 
-from rnnserve.service.config import Settings
+from rnnserve.service.config import PLACEHOLDER_TOKEN_PREFIX, Settings
 from rnnserve.service.metrics import Metrics
 from tests.e2e.server import free_port
 
@@ -874,10 +875,18 @@ def test_k8s_servicemonitor_scrapes_with_the_token_secret(
     assert "bearerTokenSecret" not in endpoint
 
 
-def test_k8s_committed_token_is_a_placeholder() -> None:
+def test_k8s_committed_token_is_a_placeholder_the_server_refuses(tmp_path: Path) -> None:
     secret = token_secret(kustomize(K8S / "base"))
     (key,) = secret["data"]
-    assert secret_value(secret, key).startswith("REPLACE-ME-")
+    placeholder = secret_value(secret, key)
+    assert placeholder.startswith(PLACEHOLDER_TOKEN_PREFIX)
+    # a base applied as it is: the pods' token file holds the placeholder, and they do not start
+    token_file = tmp_path / "api-token"
+    token_file.write_text(placeholder)
+    with pytest.raises(pydantic.ValidationError, match="placeholder"):
+        Settings(api_token_file=token_file)
+    with pytest.raises(pydantic.ValidationError, match="placeholder"):
+        Settings(api_token=placeholder)
 
 
 def test_k8s_an_overlay_replaces_the_token_everywhere(tmp_path: Path) -> None:
