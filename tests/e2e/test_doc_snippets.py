@@ -2,10 +2,11 @@
 
 A ``bash`` or ``python`` block runs unless the line before it is ``<!-- not run: <why> -->``;
 those are skipped with their reason, so ``-ra`` lists them. Blocks run in a scratch folder that
-links the repository's ``.venv``, ``examples`` and ``scripts`` and holds a copy of
-``deploy/grafana``, and is their ``HOME``, so what they write stays there. ``localhost:8000`` in a block is the test's
-server (the bundled models); a line that starts ``rnnserve`` (its environment and flags kept)
-starts a server of its own for the rest of the block. ``curl`` fails on an HTTP error status.
+links the repository's ``.venv``, ``examples`` and ``scripts``, holds a copy of ``deploy/grafana``
+and is their ``HOME``, so what they write stays there. ``localhost:8000`` in a block is the
+test's server (the bundled models); a line that starts ``rnnserve`` (its environment and flags
+kept) starts a server of its own for the rest of the block. ``curl`` fails on an HTTP error
+status.
 """
 
 from __future__ import annotations
