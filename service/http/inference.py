@@ -79,15 +79,16 @@ _ID_BITS = random.Random()
 
 
 def _default_model(state: Any, kind: str) -> str:
-    """The model a request of ``kind`` without ``model`` gets; resolved once per app (the
-    served models and settings do not change once it is ready)."""
-    try:
-        chosen: dict[str, str] = state.default_models
-    except AttributeError:
-        chosen = state.default_models = {}
+    """The model a request of ``kind`` without ``model`` gets; resolved once per set of served
+    models (a reload replaces the set, and the next request resolves it again)."""
+    served = state.runtime.models
+    cached = getattr(state, "default_models", None)
+    if cached is None or cached[0] is not served:
+        cached = state.default_models = (served, {})
+    chosen: dict[str, str] = cached[1]
     name = chosen.get(kind)
     if name is None:  # an ambiguous default raises the client's error every time
-        name = chosen[kind] = defaults.resolve(state.runtime.models, kind, state.settings)
+        name = chosen[kind] = defaults.resolve(served, kind, state.settings)
     return name
 
 

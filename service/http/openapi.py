@@ -12,7 +12,6 @@ answers to those requests, computed at start-up (:mod:`rnnserve.service.examples
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib.resources
 import re
@@ -114,11 +113,8 @@ def install(app: FastAPI) -> None:
 
 
 def _models_changed(app: FastAPI) -> None:
-    """A reload changed the served models: describe the new ones at the next request, and
-    resolve each endpoint's default model again (``inference.py`` keeps it per app)."""
+    """A reload changed the served models: describe the new ones at the next request."""
     app.openapi_schema = None
-    with contextlib.suppress(AttributeError):
-        del app.state.default_models
 
 
 def refresh(app: FastAPI) -> None:

@@ -125,7 +125,16 @@ def test_the_default_model_is_resolved_once_per_app_with_its_settings(
     assert inference._default_model(state, "smoother") == "b"  # the setting, not the first served
     assert inference._default_model(state, "smoother") == "b"
     assert calls == ["smoother"]
-    assert state.default_models == {"smoother": "b"}
+
+
+def test_the_default_model_is_resolved_again_when_a_reload_replaces_the_models() -> None:
+    state = SimpleNamespace(
+        runtime=SimpleNamespace(models={"a": SimpleNamespace(kind="smoother")}),
+        settings=SimpleNamespace(default_smoother=None),
+    )
+    assert inference._default_model(state, "smoother") == "a"  # the only one of its kind
+    state.runtime.models = {"z": SimpleNamespace(kind="smoother")}
+    assert inference._default_model(state, "smoother") == "z"
 
 
 def test_the_byte_budget_takes_up_to_its_limit_exactly() -> None:
