@@ -109,7 +109,7 @@ if [ "$mode" = gpu ]; then
   device=cuda
   heading="## GPU check (\`scripts/gpu_check.sh\`)"
   bench_args=(--device cuda)
-  tiles_args=(--device cuda --budget-s 100)
+  tiles_args=(--device cuda --budget-s 100 --gpu-time)
   lookback_args=(--device cuda --budget-s 25 --kernels smoother --scans lookback)
   e2e_args=(--devices cuda cpu)
 else

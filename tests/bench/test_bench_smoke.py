@@ -460,3 +460,23 @@ def test_tile_sweep_candidates_and_report() -> None:
     assert "2 candidates tried, 1 timed, 4 left for lack of time." in text
     assert "- B=1, T=6, PDL: failed: RuntimeError: no" in text
     assert_tables_well_formed(text)
+
+
+def test_gpu_time_needs_cuda_and_renders_its_table(tmp_path: Path) -> None:
+    from bench import bench_tiles as bt
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "bench.bench_tiles", "--device", "cpu", "--gpu-time",
+         "--out", str(tmp_path / "t.md")],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert "--gpu-time" in refused.stderr
+    lines = bt.render_gpu_time([
+        bt.GraphResult((256, 4000), "chunked", 25e-6, 4, 0.0),
+        bt.GraphResult((64, 1000), "chained", None, 4, 0.5, note="off"),
+    ])  # fmt: skip
+    table = [line for line in lines if line.startswith("| B=")]
+    assert table[0] == "| B=256, T=4000 | chunked | 25 | 6.25 | 4 | 0.0e+00 |"
+    assert table[1].startswith("| B=64, T=1000 | chained | off by 5.0e-01 |")
+    assert bt.render_gpu_time([]) == []
