@@ -180,8 +180,9 @@ def _smooth_rows_backward(
 ) -> None:
     # gy: [N, F] dL/dy; gfin: [B, F] dL/d(final state), or [0, F] for none; lam: [B, F]
     # scratch; dx: [N, F], or [0, F] when x needs no gradient; dinit: [B, F] (when init is
-    # given and needs one) or [0, F]; dalpha, dwx: [F] float64 sums. Partial sums per step in
-    # the rows' dtype, added to float64 totals, keep long sequences accurate in float32.
+    # given and needs one) or [0, F]; dalpha, dwx: [F] sums, in the rows' dtype. Partial sums
+    # per step in the rows' dtype, added to float64 totals, keep long sequences accurate in
+    # float32.
     n_feat = x.shape[1]
     n_steps = batch_sizes.shape[0]
     keep = alpha
@@ -190,9 +191,8 @@ def _smooth_rows_backward(
     has_gfin = gfin.shape[0] > 0
     part_a = np.empty(n_feat, x.dtype)
     part_w = np.empty(n_feat, x.dtype)
-    for f in range(n_feat):
-        dalpha[f] = 0.0
-        dwx[f] = 0.0
+    total_a = np.zeros(n_feat, np.float64)
+    total_w = np.zeros(n_feat, np.float64)
     off = x.shape[0]
     for t in range(n_steps - 1, -1, -1):
         b = batch_sizes[t]
@@ -239,8 +239,11 @@ def _smooth_rows_backward(
                 for f in range(n_feat):
                     dx[r, f] = lam[r, f]
         for f in range(n_feat):
-            dalpha[f] += part_a[f]
-            dwx[f] += part_w[f]
+            total_a[f] += part_a[f]
+            total_w[f] += part_w[f]
+    for f in range(n_feat):
+        dalpha[f] = total_a[f]
+        dwx[f] = total_w[f]
 
 
 if _HAVE_NUMBA:
@@ -252,9 +255,9 @@ if _HAVE_NUMBA:
     )
 
 
-def _as_numpy(t: Tensor | None, n_feat: int, dtype: np.dtype[Any]) -> np.ndarray:
+def _none_array(n_feat: int, dtype: np.dtype[Any]) -> np.ndarray:
     # an absent optional array is a [0, F] one, so the kernels compile once for both cases
-    return np.empty((0, n_feat), dtype=dtype) if t is None else t.numpy()
+    return np.empty((0, n_feat), dtype=dtype)
 
 
 class _NumbaSmootherFn(torch.autograd.Function):
@@ -273,68 +276,52 @@ class _NumbaSmootherFn(torch.autograd.Function):
         init: Tensor | None,
         batch_sizes: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        x = data.detach().contiguous()
+        x_t = data.detach().contiguous()
+        a_t, w_t = alpha.detach().contiguous(), wx.detach().contiguous()
+        s0_t = None if init is None else init.detach().contiguous()
+        x, bs = x_t.numpy(), batch_sizes.numpy()
         n_feat = x.shape[1]
-        a, w = alpha.detach().contiguous(), wx.detach().contiguous()
-        s0 = None if init is None else init.detach().contiguous()
-        bs = batch_sizes.to(dtype=torch.int64)
-        s, y = torch.empty_like(x), torch.empty_like(x)
-        last = x.new_empty((int(bs[0]), n_feat))
-        _smooth_rows_compiled(
-            x.numpy(),
-            bs.numpy(),
-            a.numpy(),
-            w.numpy(),
-            _as_numpy(s0, n_feat, x.numpy().dtype),
-            s.numpy(),
-            y.numpy(),
-            last.numpy(),
-        )
-        # saved as tensors, so autograd refuses a backward after y was changed in place
-        ctx.save_for_backward(x, a, w, s0, s, y, bs)
+        s0 = _none_array(n_feat, x.dtype) if s0_t is None else s0_t.numpy()
+        s, y = np.empty_like(x), np.empty_like(x)
+        last = np.empty((int(bs[0]), n_feat), x.dtype)
+        a, w = a_t.numpy(), w_t.numpy()
+        _smooth_rows_compiled(x, bs, a, w, s0, s, y, last)
+        y_t, s_t = torch.from_numpy(y), torch.from_numpy(s)
+        # saved as tensors, so autograd refuses a backward after y was changed in place; the
+        # numpy views beside them spare the backward converting them again
+        ctx.save_for_backward(x_t, a_t, w_t, s0_t, s_t, y_t)
+        ctx.arrays = (x, bs, a, w, s0, s, y)
         ctx.set_materialize_grads(False)
-        return y, last
+        return y_t, torch.from_numpy(last)
 
     @staticmethod
     @once_differentiable  # the compiled loop is not differentiable itself: refuse, loudly
     def backward(
         ctx: Any, grad_y: Tensor | None, grad_final: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        x, a, w, s0, s, y, bs = ctx.saved_tensors
-        n_feat = x.shape[1]
+        ctx.saved_tensors  # noqa: B018 - raises if a saved tensor was modified in place
+        x, bs, a, w, s0, s, y = ctx.arrays
+        n_feat, dt = x.shape[1], x.dtype
         want_x, want_a, want_w, want_init = ctx.needs_input_grad[:4]
-        want_init = want_init and s0 is not None
-        gy = torch.zeros_like(x) if grad_y is None else grad_y.contiguous()
-        gfin = None if grad_final is None else grad_final.contiguous()
-        dx = torch.empty_like(x) if want_x else None
-        dinit = torch.empty_like(s0) if want_init else None
-        lam = x.new_empty((int(bs[0]), n_feat))
-        dalpha = torch.empty(n_feat, dtype=torch.float64)
-        dwx = torch.empty(n_feat, dtype=torch.float64)
-        dt = x.numpy().dtype
-        _smooth_rows_backward_compiled(
-            x.numpy(),
-            bs.numpy(),
-            a.numpy(),
-            w.numpy(),
-            _as_numpy(s0, n_feat, dt),
-            s.numpy(),
-            y.numpy(),
-            gy.numpy(),
-            _as_numpy(gfin, n_feat, dt),
-            lam.numpy(),
-            _as_numpy(dx, n_feat, dt),
-            _as_numpy(dinit, n_feat, dt),
-            dalpha.numpy(),
-            dwx.numpy(),
-        )
+        want_init = want_init and s0.shape[0] > 0
+        gy = np.zeros_like(x) if grad_y is None else grad_y.contiguous().numpy()
+        gfin = _none_array(n_feat, dt) if grad_final is None else grad_final.contiguous().numpy()
+        dx = np.empty_like(x) if want_x else _none_array(n_feat, dt)
+        dinit = np.empty_like(s0) if want_init else _none_array(n_feat, dt)
+        lam = np.empty((int(bs[0]), n_feat), dt)
+        dalpha, dwx = np.empty(n_feat, dt), np.empty(n_feat, dt)
+        _smooth_rows_backward_compiled(x, bs, a, w, s0, s, y, gy, gfin, lam, dx, dinit, dalpha, dwx)
         return (
-            dx,
-            dalpha.to(x.dtype) if want_a else None,
-            dwx.to(x.dtype) if want_w else None,
-            dinit,
+            torch.from_numpy(dx) if want_x else None,
+            torch.from_numpy(dalpha) if want_a else None,
+            torch.from_numpy(dwx) if want_w else None,
+            torch.from_numpy(dinit) if want_init else None,
             None,
         )
+
+
+def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    return t if t.dtype == dtype and t.device.type == "cpu" else t.to(device="cpu", dtype=dtype)
 
 
 def smooth_packed_numba(
@@ -355,25 +342,22 @@ def smooth_packed_numba(
     """
     if not _HAVE_NUMBA:
         raise RuntimeError("numba is not installed")
-    if data.device.type != "cpu" or data.dtype not in (torch.float32, torch.float64):
+    dt = data.dtype
+    if data.device.type != "cpu" or dt not in (torch.float32, torch.float64):
         raise ValueError(
-            f"the numba kernel runs on float32 or float64 CPU tensors, got {data.dtype} on "
-            f"{data.device}"
+            f"the numba kernel runs on float32 or float64 CPU tensors, got {dt} on {data.device}"
         )
     if data.dim() != 2:
         raise ValueError(f"expected packed data [N, F], got {list(data.shape)}")
-    n_seqs, n_feat = int(batch_sizes[0]), data.shape[1]
+    bs = _cast(batch_sizes, torch.int64).contiguous()
+    n_seqs, n_feat = int(bs[0]), data.shape[1]
     if init is not None and tuple(init.shape) != (n_seqs, n_feat):
         raise ValueError(f"expected a state of shape [{n_seqs}, {n_feat}], got {list(init.shape)}")
-    if int(batch_sizes.sum()) != data.shape[0]:
-        raise ValueError(f"batch_sizes sum to {int(batch_sizes.sum())}, not {data.shape[0]} rows")
-    dt = data.dtype
+    rows = int(bs.numpy().sum())
+    if rows != data.shape[0]:
+        raise ValueError(f"batch_sizes sum to {rows}, not {data.shape[0]} rows")
     y, final = _NumbaSmootherFn.apply(
-        data,
-        alpha.to(device="cpu", dtype=dt),
-        wx.to(device="cpu", dtype=dt),
-        None if init is None else init.to(device="cpu", dtype=dt),
-        batch_sizes.to(device="cpu"),
+        data, _cast(alpha, dt), _cast(wx, dt), None if init is None else _cast(init, dt), bs
     )
     return y, final
 
