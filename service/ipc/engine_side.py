@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from rnnserve.service import tracing
 from rnnserve.service.interface import RequestContext, Runtime, open_request
 from rnnserve.service.ipc.frames import (
     STREAM_LIMIT,
@@ -95,8 +96,10 @@ class _Connection:
     async def _infer(self, frame: Frame) -> None:
         request: RequestContext | None = None
         try:
-            name, request_id, sequences = request_of(frame)
+            name, request_id, traceparent, sequences = request_of(frame)
             request = open_request(request_id or "-")  # this task's own: the batcher logs with it
+            if traceparent:  # the worker's span: the batch links to it, as to a local request's
+                tracing.continue_trace(traceparent)
             out = await self.runtime.infer(name, sequences)
             reply = Frame(Op.RESULT, frame.id, ints=out.lengths, rows=out.data)
         except asyncio.CancelledError:
@@ -108,8 +111,10 @@ class _Connection:
     async def _stream(self, frame: Frame) -> None:
         request: RequestContext | None = None
         try:
-            name, request_id, sequences = request_of(frame)
+            name, request_id, traceparent, sequences = request_of(frame)
             request = open_request(request_id or "-")
+            if traceparent:
+                tracing.continue_trace(traceparent)
             pieces = await self.runtime.open_stream(name, sequences)
         except Exception as exc:
             await self._reply(error_frame(frame.id, exc, _logged(request)))

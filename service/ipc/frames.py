@@ -8,8 +8,9 @@ has the surface the routes use of ``ModelRuntime`` (``get``, ``infer``, ``open_s
 flat float32 rows and their lengths cross the boundary, never JSON.
 
 A frame is a little-endian ``u32`` byte count, a fixed header (op, error code, flags, call
-id, byte counts) and three sections: a UTF-8 text (the model name and the HTTP request's
-``X-Request-Id``, an error message, a JSON hello), an int64 array and a float32 ``[rows,
+id, byte counts) and three sections: a UTF-8 text (the model name, the HTTP request's
+``X-Request-Id`` and the W3C ``traceparent`` of the worker's span, an error message, a JSON
+hello), an int64 array and a float32 ``[rows,
 width]`` array, sent as raw bytes. Many requests share one connection, told apart by their call
 id. The engine logs a model's failure with the HTTP request ids (as a single-process server
 does) and flags the ERROR frame :data:`LOGGED`, so the worker does not log it a second time:
@@ -21,7 +22,8 @@ HELLO       both           worker: nothing; engine: JSON ``{"pid", "models": [..
 MODELS      engine->worker JSON ``{"models": [...]}``: a reload changed them (call id 0)
 RELOAD      worker->engine nothing: reload the model directory (``POST /admin/reload``)
 RELOADED    engine->worker JSON: what the reload did (``ReloadReport.as_json``)
-INFER       worker->engine ``model\\0request id``, lengths ``[N]``, rows ``[sum T_i, F]``
+INFER       worker->engine ``model\\0request id\\0traceparent``, lengths ``[N]``,
+                           rows ``[sum T_i, F]``
 STREAM      worker->engine the same; answered ACCEPTED, PROGRESS..., END (or ERROR)
 CANCEL      worker->engine nothing: the caller went away, drop the request's work
 RESULT      engine->worker lengths, output rows
@@ -43,6 +45,7 @@ import enum
 import logging
 import struct
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -220,22 +223,39 @@ def frame_error(frame: Frame) -> Exception:
     return cls(message)
 
 
+class Request(NamedTuple):
+    """What an INFER or STREAM frame asks for."""
+
+    model: str
+    request_id: str | None  # the HTTP request's ``X-Request-Id``, for the engine's log
+    traceparent: str | None  # the worker's span (W3C ``traceparent``): the batch links to it
+    sequences: FlatSequences
+
+
 def request_frame(
-    op: Op, call_id: int, model: str, sequences: FlatSequences, request_id: str | None = None
+    op: Op,
+    call_id: int,
+    model: str,
+    sequences: FlatSequences,
+    request_id: str | None = None,
+    traceparent: str | None = None,
 ) -> Frame:
-    """An INFER or STREAM frame; ``request_id``: the HTTP request's id, for the engine's log."""
-    text = model if request_id is None else f"{model}\0{request_id}"
+    """An INFER or STREAM frame; ``request_id``: the HTTP request's id, for the engine's log;
+    ``traceparent``: the worker's current span, ``None`` when it does not trace."""
+    text = f"{model}\0{request_id or ''}\0{traceparent or ''}"
     return Frame(op, call_id, text=text.encode(), ints=sequences.lengths, rows=sequences.data)
 
 
-def request_of(frame: Frame) -> tuple[str, str | None, FlatSequences]:
-    """The model name, the HTTP request id (None if the worker sent none) and the rows of an
-    INFER or STREAM frame."""
+def request_of(frame: Frame) -> Request:
+    """The model name, the HTTP request id and the traceparent (each ``None`` if the worker
+    sent none) and the rows of an INFER or STREAM frame."""
     try:
-        name, _, request_id = frame.text.decode().partition("\0")
-        return name, request_id or None, FlatSequences(frame.rows, frame.ints)
+        # a text of fewer fields (the model alone, or no traceparent) reads as the empty ones
+        name, request_id, traceparent = (*frame.text.decode().split("\0", 2), "", "")[:3]
+        sequences = FlatSequences(frame.rows, frame.ints)
     except ValueError as exc:
         raise FrameError(str(exc)) from None
+    return Request(name, request_id or None, traceparent or None, sequences)
 
 
 def progress_frame(call_id: int, pieces: list[Piece]) -> Frame:

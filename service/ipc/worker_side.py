@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from rnnserve.service import tracing
 from rnnserve.service.interface import (
     EngineUnavailable,
     FlatSequences,
@@ -76,6 +77,7 @@ class _Call:
     future: asyncio.Future[Any]  # the result, or (streams) the acceptance
     queue: asyncio.Queue[Any] | None = None  # streams: progress, then _END or an exception
     request: RequestContext | None = field(default_factory=current_request)
+    traceparent: str | None = field(default_factory=tracing.current_traceparent)
 
 
 class _RemoteStream:
@@ -304,7 +306,7 @@ class RemoteRuntime:
         if streaming:
             call.queue = asyncio.Queue()
         request_id = call.request.request_id if call.request is not None else None
-        frame = request_frame(op, call_id, name, sequences, request_id)
+        frame = request_frame(op, call_id, name, sequences, request_id, call.traceparent)
         self._writer.writelines(frame.buffers())
         return call_id, call
 

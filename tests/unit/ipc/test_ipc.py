@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +18,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
 
+from rnnserve.service import tracing
 from rnnserve.service.cli import settings_environment
 from rnnserve.service.config import Settings
 from rnnserve.service.engine.runtime import ModelRuntime
@@ -142,12 +145,38 @@ def test_an_error_the_engine_logged_is_flagged_as_logged() -> None:
     assert frame.flags == 1
 
 
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
 @pytest.mark.parametrize("request_id", ["abc-123", None])
-def test_requests_carry_the_http_request_id(request_id: str | None) -> None:
-    frame = roundtrip(request_frame(Op.INFER, 7, "smoother", flat(3, 1), request_id))
-    name, call_id, sequences = request_of(frame)
-    assert (name, call_id) == ("smoother", request_id)
+@pytest.mark.parametrize("traceparent", [TRACEPARENT, None], ids=["traced", "not-traced"])
+def test_requests_carry_the_http_request_id_and_the_traceparent(
+    request_id: str | None, traceparent: str | None
+) -> None:
+    sent = request_frame(Op.INFER, 7, "smoother", flat(3, 1), request_id, traceparent)
+    frame = roundtrip(sent)
+    name, got_id, got_traceparent, sequences = request_of(frame)
+    assert (name, got_id, got_traceparent) == ("smoother", request_id, traceparent)
     assert sequences.lengths.tolist() == [3, 1]
+    if traceparent is None:  # not traced: the field is there, empty
+        assert frame.text == f"smoother\0{request_id or ''}\0".encode()
+
+
+@pytest.mark.parametrize(
+    ("text", "fields"),
+    [(b"smoother", ("smoother", None, None)), (b"smoother\0abc", ("smoother", "abc", None))],
+    ids=["model-alone", "no-traceparent"],
+)
+def test_a_request_frame_of_fewer_fields_reads_as_empty_ones(
+    text: bytes, fields: tuple[str, str | None, str | None]
+) -> None:
+    frame = roundtrip(Frame(Op.INFER, 7, text=text, ints=np.array([1]), rows=np.ones((1, 4))))
+    assert tuple(request_of(frame))[:3] == fields
+
+
+def test_a_request_frame_whose_text_is_not_utf8_is_a_frame_error() -> None:
+    with pytest.raises(FrameError):
+        request_of(Frame(Op.INFER, 7, text=b"\xff\0abc"))
 
 
 # -- a fake engine ------------------------------------------------------------------------------
@@ -173,6 +202,7 @@ class FakeRuntime:
         self.gate.set()
         self.started: list[int] = []  # rows of each call that started
         self.request_ids: list[str] = []  # the request id as each call saw it
+        self.spans: list[tuple[str, str] | None] = []  # the current span as each call saw it
         self.cancelled = 0
         self.closed_streams = 0
         self.fail: Exception | None = None
@@ -206,6 +236,7 @@ class FakeRuntime:
         request = current_request()
         assert request is not None  # the engine opens one per call
         self.request_ids.append(request.request_id)
+        self.spans.append(tracing.current_ids())
         request.failure_logged = self.log_failures  # as a batcher notes what it logged
 
     async def stop(self) -> None: ...
@@ -384,6 +415,37 @@ async def test_the_engine_sees_each_calls_http_request_id(tmp_path: Path) -> Non
     async with engine(tmp_path, fake) as (_, remote):
         await asyncio.gather(call("req-a", False), call(None, False), call("req-s", True))
     assert sorted(fake.request_ids) == ["-", "req-a", "req-s"]
+
+
+@pytest.fixture
+def tracer() -> Iterator[Tracer]:
+    """This process traced (both sides of the socket), spans kept nowhere."""
+    traced = TracerProvider().get_tracer("test")
+    tracing.use(traced)
+    yield traced
+    tracing.use(None)
+
+
+async def test_the_engine_continues_the_span_current_in_the_worker(
+    tmp_path: Path, tracer: Tracer
+) -> None:
+    fake = FakeRuntime()
+    async with engine(tmp_path, fake) as (_, remote):
+        with tracer.start_as_current_span("engine call") as span:
+            await remote.infer("m", flat(2))
+            async for _ in await remote.open_stream("m", flat(3)):
+                pass
+        await remote.infer("m", flat(1))  # no span current: none continued
+    context = span.get_span_context()
+    ids = (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+    assert fake.spans == [ids, ids, None]
+
+
+async def test_with_tracing_off_the_engine_sees_no_span(tmp_path: Path) -> None:
+    fake = FakeRuntime()
+    async with engine(tmp_path, fake) as (_, remote):
+        await remote.infer("m", flat(2))
+    assert fake.spans == [None]
 
 
 @pytest.mark.parametrize("logged", [True, False])
