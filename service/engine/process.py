@@ -6,6 +6,11 @@ meet in the same batches; :class:`~rnnserve.service.ipc.engine_side.EngineServer
 Unix domain socket in a private folder. Its batch and queue metrics go to the shared Prometheus
 multiprocess folder, where any worker's ``/metrics`` reads them.
 
+It traces its batches as a single-process server does, from the same ``OTEL_*`` variables the
+workers read: a request frame carries the worker's span as a W3C ``traceparent``, which the
+request's task continues, so each ``batch <model>`` span links to its requests' spans in the
+workers (:mod:`rnnserve.service.engine.tracing`).
+
 Shutdown: the ``rnnserve`` parent sends SIGTERM once the HTTP workers have finished their
 requests and gone. On SIGTERM the engine waits for the workers still connected (up to
 ``drain_timeout_s``), then drains its batchers and exits. SIGINT (Ctrl-C reaches the whole
@@ -25,14 +30,19 @@ import os
 import signal
 import sys
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
-from rnnserve.service.config import Settings
+from rnnserve.service import tracing
+from rnnserve.service.config import Settings, package_version
 from rnnserve.service.engine.runtime import ModelRuntime
 from rnnserve.service.ipc.engine_side import EngineServer
 from rnnserve.service.lifeline import parent_death_signal, parent_pid
 from rnnserve.service.logs import configure_logging, log_models
 from rnnserve.service.memory import settle_garbage_collector
 from rnnserve.service.metrics import Metrics
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger("rnnserve.engine")
 
@@ -63,6 +73,28 @@ async def serve(settings: Settings, socket_path: str, ready: Connection | None =
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+    provider = start_tracing()
+    try:
+        await _serve(settings, socket_path, ready, stop)
+    finally:
+        if provider is not None:
+            provider.shutdown()  # sends the spans it still holds
+            tracing.use(None)
+
+
+def start_tracing() -> TracerProvider | None:
+    """Trace the batches as the ``OTEL_*`` variables say (the HTTP workers read the same);
+    the provider, to shut down at the end; ``None``: tracing is off."""
+    provider = tracing.provider_from_environment(package_version())
+    if provider is not None:
+        tracing.use(provider.get_tracer(tracing.INSTRUMENTATION, package_version()))
+    return provider
+
+
+async def _serve(
+    settings: Settings, socket_path: str, ready: Connection | None, stop: asyncio.Event
+) -> None:
+    loop = asyncio.get_running_loop()
     runtime = ModelRuntime(settings, Metrics(multiprocess=True))
     await runtime.start()
     log_models(runtime.models, log)

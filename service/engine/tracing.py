@@ -3,6 +3,9 @@ every request in it, and each request's wait in the queue, a child of its own sp
 
 A batch serves many requests, each in a trace of its own, so its span starts a trace of its own
 and links to theirs; each request's ``queue wait`` span links back to the batch it waited for.
+With ``--workers N`` a request's span in the engine process is its HTTP worker's
+``engine call``, continued from the request frame's ``traceparent``
+(:func:`~rnnserve.service.tracing.continue_trace`).
 With tracing off (:func:`rnnserve.service.tracing.tracer` is ``None``) nothing here imports or
 calls OpenTelemetry: :func:`waiting` returns ``None`` and :func:`batch_span` a shared no-op.
 """
