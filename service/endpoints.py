@@ -58,8 +58,37 @@ INFER = Endpoint(
 
 INFERENCE = (SMOOTH, ROLLOUT, INFER)
 
+# The Open Inference Protocol (KServe v2, Triton's HTTP/REST; docs/KSERVE.md): its own routes
+# and codec (service/http/kserve.py), through the same runtime. Not in INFERENCE, whose
+# endpoints share the native body formats, schemas and fast path.
+KSERVE_INFER = Endpoint(
+    path="/v2/models/{name}/infer",
+    label="v2_infer",
+    kind=None,
+    input_field=INFER.input_field,
+    output_field=INFER.output_field,
+    summary="Open Inference Protocol: run a served model, named in the path",
+)
+KSERVE_MODEL = "/v2/models/{name}"
+KSERVE_MODEL_READY = "/v2/models/{name}/ready"
+
 # the ``endpoint`` label of every other route that counts its refusals (the bearer token)
-OTHER_LABELS = {"/models": "models", "/metrics": "metrics", "/admin/reload": "admin"}
+OTHER_LABELS = {
+    "/models": "models",
+    "/metrics": "metrics",
+    "/admin/reload": "admin",
+    KSERVE_MODEL: "v2_models",
+    KSERVE_MODEL_READY: "v2_models",
+    KSERVE_INFER.path: KSERVE_INFER.label,
+}
+
+
+def tensor_names(kind: str) -> tuple[str, str]:
+    """The input and output tensor names of a model of ``kind`` in the Open Inference
+    Protocol: the JSON fields of its native endpoint (``sequences`` in and out for the
+    smoother, ``inputs`` and ``positions`` for the Traveller, else ``inputs`` and ``outputs``)."""
+    endpoint = native(kind) or INFER
+    return endpoint.input_field, endpoint.output_field
 
 
 def native(kind: str) -> Endpoint | None:

@@ -17,7 +17,7 @@ from rnnserve.service import endpoints
 from rnnserve.service.codec import bodies
 from rnnserve.service.config import Settings
 from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, Endpoint
-from rnnserve.service.http import defaults, errors
+from rnnserve.service.http import defaults, errors, kserve
 from rnnserve.service.http.auth import AUTH, bearer, check_token
 from rnnserve.service.http.inference import serve_request
 from rnnserve.service.http.responses import ErrorBody, error_response, json_response
@@ -190,3 +190,7 @@ async def serve_inference(scope: Scope, receive: Receive, send: Send) -> bool:
         response = await serve_request(request, endpoint, path_model=name)
     await response(scope, receive, send)
     return True
+
+
+# the Open Inference Protocol (KServe v2): its own routes, through the same runtime
+router.include_router(kserve.router)
