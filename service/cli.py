@@ -36,6 +36,7 @@ from pydantic import SecretStr, ValidationError
 from pydantic_settings import CliSettingsSource
 from uvicorn.supervisors import Multiprocess
 
+from rnnserve.service import tracing
 from rnnserve.service.config import Settings, package_version, unknown_environment
 from rnnserve.service.http.app import ENGINE_SOCKET_ENV, create_app, create_worker_app
 from rnnserve.service.http.protocol import HeaderTimeoutProtocol
@@ -64,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log.warning("%s", warning)
     try:
         check_port(settings.host, settings.port)
+        tracing.check_environment()  # the OTEL_* variables ask for what rnnserve ships
         names = _preflight(settings)  # fail closed, with one line, before the port opens
         check_defaults(settings, names)
     except StartupError as exc:

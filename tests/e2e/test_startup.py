@@ -151,3 +151,37 @@ def test_a_busy_port_is_reported_before_any_model_loads(tmp_path: Path) -> None:
             assert f"rnnserve: cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
             assert "warmed" not in r.stderr  # no model was loaded ("loaded and warmed smoother")
             assert "Traceback" not in r.stderr
+
+
+OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("variables", "workers", "words"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "jaeger"}, "1", ["OTEL_TRACES_EXPORTER=jaeger", "not jaeger"]),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", OTLP_PROTOCOL: "grpc"},
+            "2",
+            ["OTLP protocol grpc", "http/protobuf"],
+        ),
+    ],
+    ids=["unknown-exporter", "grpc-two-workers"],
+)
+def test_a_tracing_setting_rnnserve_cannot_honour_fails_closed_with_one_line(
+    tmp_path: Path, variables: dict[str, str], workers: str, words: list[str]
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RNNSERVE_", "OTEL_"))}
+    proc = subprocess.run(
+        [EXE, "--port", "0", "--workers", workers],
+        capture_output=True, text=True, timeout=120, env={**env, **variables}, cwd=tmp_path,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr  # one line, no traceback
+    assert lines[0].startswith("rnnserve: ")
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert "warmed" not in proc.stderr  # refused before any model loads
