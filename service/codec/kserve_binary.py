@@ -155,7 +155,7 @@ def _binary(
 
 
 def _json_data(name: str, datatype: str, count: int, data: Any) -> np.ndarray:
-    bad = _bad("not_a_number", f"input '{quote(name)}': data must be numbers of its datatype")
+    bad = _bad("not_a_number", f"input '{quote(name)}': data must be {datatype} numbers")
     try:
         array = np.asarray(data)
     except (ValueError, OverflowError):  # ragged nesting, or an integer past 64 bits

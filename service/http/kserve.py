@@ -82,8 +82,8 @@ def _served(request: Request, name: str) -> ServedInfo:
     runtime: Runtime = request.app.state.runtime
     try:
         return runtime.get(name)
-    except UnknownModel:
-        raise RequestError("unknown_model", f"no served model is called '{quote(name)}'") from None
+    except UnknownModel as exc:  # the runtime's message, as the inference routes say it
+        raise RequestError("unknown_model", str(exc)) from None
 
 
 def _is_ready(request: Request) -> bool:
