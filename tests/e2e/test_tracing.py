@@ -1,5 +1,6 @@
 """A real ``rnnserve`` traced by the ``OTEL_*`` variables alone: its spans arrive over
-OTLP/HTTP at a receiver in the test, continuing the caller's trace, with the request id."""
+OTLP/HTTP at a receiver in the test, continuing the caller's trace, with the request id; with
+``--workers N`` the engine process's batch span too, linked to the worker's span."""
 
 from __future__ import annotations
 
@@ -53,12 +54,17 @@ def test_spans_arrive_over_otlp_with_the_callers_trace_and_the_request_id(
     assert server.span.parent_span_id == PARENT_ID.to_bytes(8, "big")
     assert server.attributes["http.response.status_code"] == 200
     steps = children_of(spans, server.span)
-    if workers == 1:
+    if workers == 1:  # the batcher is in this process: it links to the request's span
         assert steps == {"read body", "decode", "queue wait", "encode"}
-        [batch] = [s for s in spans if s.name == "batch smoother"]
-        [link] = batch.span.links
-        assert (link.trace_id, link.span_id) == (server.span.trace_id, server.span.span_id)
-        assert attributes(link.attributes) == {"rnnserve.request_id": "e2e-trace-1"}
-    else:  # the engine process does not trace its batches
+        queued_by = [server]
+    else:  # the engine process's batcher links to the worker's span of the call to it
         assert steps == {"read body", "decode", "engine call", "encode"}
-        assert not [s for s in spans if s.name.startswith("batch ")]
+        queued_by = [s for s in spans if s.name == "engine call"]
+        assert [c.span.parent_span_id for c in queued_by] == [server.span.span_id]
+        assert children_of(spans, queued_by[0].span) == {"queue wait"}
+    [batch] = [s for s in spans if s.name == "batch smoother"]
+    [link] = batch.span.links
+    linked = queued_by[0].span
+    assert (link.trace_id, link.span_id) == (linked.trace_id, linked.span_id)
+    assert attributes(link.attributes) == {"rnnserve.request_id": "e2e-trace-1"}
+    assert batch.span.trace_id != server.span.trace_id  # a trace of its own
