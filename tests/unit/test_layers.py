@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT = {"torch", "numba.np", "rnnserve.models", "triton"}  # what an HTTP worker never imports
 SERVER = {"fastapi", "starlette", "uvicorn"}
+OPENTELEMETRY = {"opentelemetry"}  # imported inside functions, once tracing is on
 
 
 def top_level_imports(path: Path) -> set[str]:
@@ -86,6 +87,7 @@ RULES = [
                 "rnnserve.service.http",
                 "rnnserve.service.codec",
                 "rnnserve.service.engine",
+                *OPENTELEMETRY,
             },
         )
         for m in sources("service/ipc")
@@ -97,6 +99,21 @@ RULES = [
     ("service/engine/batcher.py", {"torch", "numpy", "rnnserve.models"}),
     ("service/engine/continuous.py", {"torch", "numpy", "rnnserve.models"}),
     ("service/metrics.py", {*LIGHT, *SERVER}),
+    # tracing: beside both sides and light, and OpenTelemetry only imported once it is on
+    (
+        "service/tracing.py",
+        {
+            *LIGHT,
+            *SERVER,
+            *OPENTELEMETRY,
+            "rnnserve.service.http",
+            "rnnserve.service.engine",
+            "rnnserve.service.ipc",
+            "rnnserve.service.codec",
+        },
+    ),
+    ("service/http/tracing.py", OPENTELEMETRY),
+    ("service/engine/tracing.py", {"torch", "numpy", "rnnserve.models", *OPENTELEMETRY}),
     ("service/config.py", {*LIGHT, *SERVER}),
     # the client: only the endpoint registry of the server's modules
     *(

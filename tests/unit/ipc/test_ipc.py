@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -441,11 +443,30 @@ async def test_the_engine_continues_the_span_current_in_the_worker(
     assert fake.spans == [ids, ids, None]
 
 
-async def test_with_tracing_off_the_engine_sees_no_span(tmp_path: Path) -> None:
+async def test_with_tracing_off_a_call_runs_no_opentelemetry_code_on_either_side(
+    tmp_path: Path,
+) -> None:
+    called: set[str] = set()
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        module = frame.f_globals.get("__name__", "")
+        if event == "call" and module.startswith("opentelemetry"):
+            called.add(f"{module}.{frame.f_code.co_name}")
+
     fake = FakeRuntime()
+    assert tracing.tracer() is None
     async with engine(tmp_path, fake) as (_, remote):
-        await remote.infer("m", flat(2))
-    assert fake.spans == [None]
+        open_request("req-off")  # as the HTTP layer opens one
+        sys.setprofile(profile)  # both sides run on this thread's loop
+        try:
+            await remote.infer("m", flat(2))
+            async for _ in await remote.open_stream("m", flat(3)):
+                pass
+        finally:
+            sys.setprofile(None)
+    assert fake.request_ids == ["req-off", "req-off"]
+    assert fake.spans == [None, None]
+    assert called == set()
 
 
 @pytest.mark.parametrize("logged", [True, False])
