@@ -1,7 +1,8 @@
 """Compute kernels for the models, one file per kernel family.
 
-- :mod:`.smoother_cpu`: the smoother's recursion on packed rows (a numba loop for CPU inference;
-  a differentiable torch step loop that runs anywhere);
+- :mod:`.smoother_cpu`: the smoother's recursion on packed rows (numba loops for CPU inference
+  and training: ``smooth_packed_numba``, a compiled forward and backward; a differentiable
+  torch step loop that runs anywhere);
 - :mod:`.smoother_triton`: the smoother as a chunked parallel scan in Triton (GPU), the forward
   that serves; :mod:`.smoother_triton_single_pass` holds two single-pass forwards (not the
   default) and :mod:`.smoother_triton_backward` the training backward; each forward design
