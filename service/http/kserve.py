@@ -37,7 +37,7 @@ from rnnserve.service.http.outcomes import ClientGone, DeadlineExceeded
 from rnnserve.service.http.responses import BuffersResponse, json_response
 from rnnserve.service.interface import RequestError, Runtime, ServedInfo, UnknownModel, quote
 
-router = APIRouter(tags=["kserve"])
+router = APIRouter()
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 BINARY = "application/octet-stream"
 EXTENSIONS = ["binary_tensor_data"]
@@ -93,15 +93,22 @@ def _is_ready(request: Request) -> bool:
 # -- health and metadata ------------------------------------------------------------------------
 
 
-@router.get("/v2/health/live", summary="Liveness: 200 while the process runs", responses=HEALTH)
+@router.get(
+    "/v2/health/live",
+    summary="Open Inference Protocol liveness: 200 while the process runs",
+    responses=HEALTH,
+    tags=["health"],
+)
 async def live() -> Response:
     return json_response({"live": True})
 
 
 @router.get(
     "/v2/health/ready",
-    summary="Readiness: 200 once models are warm, 503 before and while draining",
+    summary="Open Inference Protocol readiness: 200 once models are warm, 503 before and while "
+    "draining",
     responses=HEALTH,
+    tags=["health"],
 )
 async def ready(request: Request) -> Response:
     if _is_ready(request):
@@ -110,7 +117,10 @@ async def ready(request: Request) -> Response:
 
 
 @router.get(
-    "/v2", summary="Server metadata: name, version, protocol extensions", responses=METADATA
+    "/v2",
+    summary="Open Inference Protocol server metadata: name, version, extensions",
+    responses=METADATA,
+    tags=["models"],
 )
 async def server_metadata() -> Response:
     return json_response(
@@ -120,8 +130,9 @@ async def server_metadata() -> Response:
 
 @router.get(
     KSERVE_MODEL,
-    summary="Model metadata: its inputs and outputs, their datatypes and shapes",
+    summary="Open Inference Protocol model metadata: its tensors' names, datatypes and shapes",
     responses=MODEL_METADATA,
+    tags=["models"],
 )
 async def model_metadata(request: Request, name: str, credentials: Credentials) -> Response:
     try:
@@ -133,8 +144,9 @@ async def model_metadata(request: Request, name: str, credentials: Credentials) 
 
 @router.get(
     KSERVE_MODEL_READY,
-    summary="Model readiness: 200 when the model is served and warm",
+    summary="Open Inference Protocol model readiness: 200 when it is served and warm",
     responses=error_responses((401, 404, 503)),
+    tags=["models"],  # it needs the token, as the model list does
 )
 async def model_ready(request: Request, name: str, credentials: Credentials) -> Response:
     try:
@@ -177,6 +189,7 @@ def _size(width: Any) -> int:
     summary=KSERVE_INFER.summary,
     openapi_extra=INFER_SPEC,
     responses=error_responses(errors.INFERENCE_STATUSES),
+    tags=["inference"],
 )
 async def infer(request: Request, name: str, credentials: Credentials) -> Response:
     try:

@@ -45,11 +45,6 @@ TAGS = [
     {"name": "health", "description": "Liveness and readiness probes (never need a token)."},
     {"name": "metrics", "description": "Prometheus text exposition of rnnserve_* metrics."},
     {"name": "admin", "description": "Reload the model directory while serving."},
-    {
-        "name": "kserve",
-        "description": "The Open Inference Protocol (KServe v2, Triton's HTTP/REST) with its "
-        "binary tensor data extension: docs/KSERVE.md.",
-    },
 ]
 _PATH_TAGS = {
     **{e.path: "inference" for e in endpoints.INFERENCE},

@@ -264,5 +264,5 @@ async def test_the_routes_are_in_the_openapi_document(client: httpx.AsyncClient)
     for path in ("/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{name}",
                  "/v2/models/{name}/ready", "/v2/models/{name}/infer"):  # fmt: skip
         assert path in paths
-    assert paths["/v2/models/{name}/infer"]["post"]["tags"] == ["kserve"]
+    assert paths["/v2/models/{name}/infer"]["post"]["tags"] == ["inference"]
     assert set(paths["/v2/models/{name}/infer"]["post"]["responses"]) >= {"200", "400", "404"}
