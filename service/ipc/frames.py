@@ -250,8 +250,10 @@ def request_of(frame: Frame) -> Request:
     """The model name, the HTTP request id and the traceparent (each ``None`` if the worker
     sent none) and the rows of an INFER or STREAM frame."""
     try:
-        # a text of fewer fields (the model alone, or no traceparent) reads as the empty ones
-        name, request_id, traceparent = (*frame.text.decode().split("\0", 2), "", "")[:3]
+        fields = frame.text.decode().split("\0", 2)
+        if len(fields) < 3:  # the model alone, or no traceparent: the missing ones are empty
+            fields += [""] * (3 - len(fields))
+        name, request_id, traceparent = fields
         sequences = FlatSequences(frame.rows, frame.ints)
     except ValueError as exc:
         raise FrameError(str(exc)) from None
