@@ -11,6 +11,7 @@ docs/KSERVE.md says which inputs and outputs each model kind has.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,9 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 LENGTHS = "lengths"
 FP32, INT64 = "FP32", "INT64"
 DATATYPES: dict[str, np.dtype[Any]] = {FP32: np.dtype("<f4"), INT64: np.dtype("<i8")}
+# the largest size of one dimension: any more is no tensor a body can hold, and numpy's shapes
+# must fit its index type
+MAX_DIM = 2**31 - 1
 # the numpy dtype kinds a JSON ``data`` list may hold for each datatype (no strings, bools)
 _JSON_KINDS = {FP32: "iuf", INT64: "iu"}
 
@@ -117,13 +121,16 @@ def _input(raw: dict[str, Any], i: int, data: memoryview, offset: int) -> tuple[
             "wrong_dtype", f"input '{quote(name)}': datatype must be FP32 or INT64", "inputs", i
         )
     if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape
     ):
         raise _bad(
-            "wrong_shape", f"input '{quote(name)}': shape must be a list of sizes", "inputs", i
+            "wrong_shape",
+            f"input '{quote(name)}': shape must be a list of sizes up to {MAX_DIM}",
+            "inputs",
+            i,
         )
     dims = tuple(shape)
-    count = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    count = math.prod(dims)  # exact: numpy's product of large sizes wraps around
     params = _object(raw.get("parameters") or {}, f"inputs[{i}].parameters")
     size = params.get("binary_data_size")
     if size is not None:

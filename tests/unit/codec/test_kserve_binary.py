@@ -138,3 +138,17 @@ def test_a_json_answer_has_no_header_length() -> None:
     assert orjson.loads(parts[0])["outputs"] == [
         {"name": "y", "datatype": "FP32", "shape": [1, 2, 1], "data": [1.0, 1.0]}
     ]
+
+
+@pytest.mark.parametrize("shape", [[2**32, 2**32, 0], [0, 2**40], [-1, 2], [1.5], [True]])
+def test_a_shape_of_impossible_sizes_is_refused_without_wrapping_around(shape: list[Any]) -> None:
+    body, n = _binary({"inputs": [_entry("x", "FP32", shape, 0)]})
+    with pytest.raises(RequestError) as err:
+        kb.decode_request(body, n)
+    assert err.value.type == "wrong_shape"
+
+
+def test_a_shape_whose_sizes_multiply_past_64_bits_is_no_empty_tensor() -> None:
+    body, n = _binary({"inputs": [_entry("x", "FP32", [2**31 - 1] * 3, 0)]})
+    with pytest.raises(RequestError, match="binary_data_size must be"):
+        kb.decode_request(body, n)
