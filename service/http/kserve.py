@@ -41,6 +41,9 @@ router = APIRouter()
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 BINARY = "application/octet-stream"
 EXTENSIONS = ["binary_tensor_data"]
+# the protocol's paths that name a version too: the one served, else 404 (not in /openapi.json:
+# the same operations as those without it)
+VERSION = "/versions/{version}"
 
 
 def protocol_status(error_type: str) -> int:
@@ -84,6 +87,16 @@ def _served(request: Request, name: str) -> ServedInfo:
         return runtime.get(name)
     except UnknownModel as exc:  # the runtime's message, as the inference routes say it
         raise RequestError("unknown_model", str(exc)) from None
+
+
+def _of_version(served: ServedInfo, version: str | None) -> ServedInfo:
+    """``served``, when ``version`` (the path's, if it names one) is the one it serves."""
+    if version is not None and version != served.version:
+        raise RequestError(
+            "unknown_model",
+            f"model '{served.name}' serves version '{served.version}', not '{quote(version)}'",
+        )  # fmt: skip
+    return served
 
 
 def _is_ready(request: Request) -> bool:
@@ -135,9 +148,22 @@ async def server_metadata() -> Response:
     tags=["models"],
 )
 async def model_metadata(request: Request, name: str, credentials: Credentials) -> Response:
+    return _model_metadata(request, name, None, credentials)
+
+
+@router.get(KSERVE_MODEL + VERSION, include_in_schema=False)
+async def version_metadata(
+    request: Request, name: str, version: str, credentials: Credentials
+) -> Response:
+    return _model_metadata(request, name, version, credentials)
+
+
+def _model_metadata(
+    request: Request, name: str, version: str | None, credentials: Credentials
+) -> Response:
     try:
         _authorize(request, credentials, KSERVE_MODEL)
-        return json_response(metadata(_served(request, name)))
+        return json_response(metadata(_of_version(_served(request, name), version)))
     except RequestError as exc:
         return protocol_error(exc)
 
@@ -149,9 +175,22 @@ async def model_metadata(request: Request, name: str, credentials: Credentials) 
     tags=["models"],  # it needs the token, as the model list does
 )
 async def model_ready(request: Request, name: str, credentials: Credentials) -> Response:
+    return _model_ready(request, name, None, credentials)
+
+
+@router.get(KSERVE_MODEL + VERSION + "/ready", include_in_schema=False)
+async def version_ready(
+    request: Request, name: str, version: str, credentials: Credentials
+) -> Response:
+    return _model_ready(request, name, version, credentials)
+
+
+def _model_ready(
+    request: Request, name: str, version: str | None, credentials: Credentials
+) -> Response:
     try:
         _authorize(request, credentials, KSERVE_MODEL_READY)
-        served = _served(request, name)
+        served = _of_version(_served(request, name), version)
     except RequestError as exc:
         return protocol_error(exc)
     ready = _is_ready(request)
@@ -199,12 +238,24 @@ async def infer(request: Request, name: str, credentials: Credentials) -> Respon
     return await serve(request, name)
 
 
-async def serve(request: Request, name: str) -> Response:
+@router.post(KSERVE_MODEL + VERSION + "/infer", include_in_schema=False)
+async def version_infer(
+    request: Request, name: str, version: str, credentials: Credentials
+) -> Response:
+    try:
+        _authorize(request, credentials, KSERVE_INFER.path)
+    except RequestError as exc:
+        return protocol_error(exc)
+    return await serve(request, name, version)
+
+
+async def serve(request: Request, name: str, version: str | None = None) -> Response:
     """One inference request, through the native steps with the protocol's codec."""
     call = inference._begin(request, KSERVE_INFER, name)
     try:
         inference._admit(call)
         model, served = inference._choose_model(call, None)  # named in the path: 404 first
+        _of_version(served, version)
         with call.trace.step("read body"):
             body = await inference._read(call)
         with call.trace.step("decode"):

@@ -67,6 +67,9 @@ def test_health_and_metadata(server: Server) -> None:
         ]
         assert meta["outputs"][0]["name"] == out_name
     assert not client.is_model_ready("no-such-model")
+    version = client.get_model_metadata("smoother")["versions"][0]
+    assert client.is_model_ready("smoother", model_version=version)
+    assert not client.is_model_ready("smoother", model_version="0")
     client.close()
 
 
@@ -81,7 +84,8 @@ def test_one_sequence_equals_the_native_endpoint(
     tensor = httpclient.InferInput(in_name, [1, 9, width], "FP32")
     tensor.set_data_from_numpy(x[None], binary_data=binary)
     asked = [httpclient.InferRequestedOutput(out_name, binary_data=binary)]
-    result = client.infer(model, [tensor], outputs=asked)
+    version = client.get_model_metadata(model)["versions"][0]
+    result = client.infer(model, [tensor], model_version=version, outputs=asked)
     got = result.as_numpy(out_name)
     assert got.shape[:2] == (1, 9)
     np.testing.assert_array_equal(got[0], want)

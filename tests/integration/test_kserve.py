@@ -266,3 +266,19 @@ async def test_the_routes_are_in_the_openapi_document(client: httpx.AsyncClient)
         assert path in paths
     assert paths["/v2/models/{name}/infer"]["post"]["tags"] == ["inference"]
     assert set(paths["/v2/models/{name}/infer"]["post"]["responses"]) >= {"200", "400", "404"}
+
+
+async def test_paths_with_the_served_version_answer_and_others_are_404(
+    client: httpx.AsyncClient,
+) -> None:
+    version = (await client.get("/v2/models/smoother")).json()["versions"][0]
+    at = f"/v2/models/smoother/versions/{version}"
+    assert (await client.get(at)).json()["versions"] == [version]
+    assert (await client.get(f"{at}/ready")).json() == {"name": "smoother", "ready": True}
+    answer = await client.post(f"{at}/infer", json={"inputs": [_tensor()]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model_version"] == version
+    other = "/v2/models/smoother/versions/0"
+    assert version in _error(await client.get(other), 404)
+    _error(await client.get(f"{other}/ready"), 404)
+    _error(await client.post(f"{other}/infer", json={"inputs": [_tensor()]}), 404)
