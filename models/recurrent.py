@@ -79,6 +79,15 @@ def activate(y: Tensor, activation: str) -> Tensor:
     raise ValueError(f"unknown activation {activation!r}")
 
 
+@dataclass
+class RecurrentState:
+    """A batch's recurrent state: every layer's ``h``, and ``c`` for an LSTM (``None``: GRU);
+    ``[num_layers, B, hidden_size]`` each, row ``i`` of sequence ``i``."""
+
+    h: Tensor
+    c: Tensor | None = None
+
+
 class RecurrentModel(nn.Module):
     """``rnn`` (nn.LSTM or nn.GRU, time-major) -> ``head`` (nn.Linear) -> activation."""
 
@@ -106,9 +115,48 @@ class RecurrentModel(nn.Module):
                 f"RecurrentModel takes a PackedSequence, not {type(x).__name__}; pack the "
                 "sequences with rnnserve.models.packing.pack"
             )
-        hidden, _ = self.rnn(x)  # one call for the whole stack; hidden.data [sum T_i, hidden]
+        return self.forward_with_state(x)[0]
+
+    def forward_with_state(
+        self, x: PackedSequence, state: RecurrentState | None = None
+    ) -> tuple[PackedSequence, RecurrentState]:
+        """:meth:`forward` from ``state`` (zeros when None), and the state after each
+        sequence's own last step: a long sequence run in pieces, each piece from the state the
+        one before returned, equals the sequence run at once.
+
+        ``state`` holds one row per sequence in the order the sequences were packed (as
+        ``unpack`` returns them): ``h`` ``[num_layers, B, hidden_size]``, and ``c`` the same
+        for an LSTM (``None`` for a GRU)."""
+        if not isinstance(x, PackedSequence):
+            raise TypeError(
+                f"RecurrentModel takes a PackedSequence, not {type(x).__name__}; pack the "
+                "sequences with rnnserve.models.packing.pack"
+            )
+        hx = None if state is None else self._initial(state, int(x.batch_sizes[0]), x.data)
+        # one call for the whole stack; hidden.data [sum T_i, hidden]. nn.LSTM / nn.GRU take
+        # hx in the sequences' own order and return the final state in it too
+        hidden, final = self.rnn(x, hx)
         y = activate(self.head(hidden.data), self.config.activation)  # [sum T_i, head_size]
-        return PackedSequence(y, x.batch_sizes, x.sorted_indices, x.unsorted_indices)
+        out = PackedSequence(y, x.batch_sizes, x.sorted_indices, x.unsorted_indices)
+        if isinstance(final, tuple):
+            return out, RecurrentState(final[0], final[1])
+        return out, RecurrentState(final)
+
+    def _initial(self, state: RecurrentState, batch: int, data: Tensor) -> Any:
+        cfg = self.config
+        want = (cfg.num_layers, batch, cfg.hidden_size)
+        lstm = cfg.cell == "lstm"
+        shapes = [state.h.shape, *([] if state.c is None else [state.c.shape])]
+        if any(tuple(s) != want for s in shapes) or (state.c is not None) != lstm:
+            parts = "h and c" if lstm else "h (no c)"
+            raise ValueError(
+                f"a {cfg.cell} state is {parts} of shape {list(want)}, got "
+                f"{[list(s) for s in shapes]}"
+            )
+        h = state.h.to(device=data.device, dtype=data.dtype)
+        if state.c is None:
+            return h
+        return h, state.c.to(device=data.device, dtype=data.dtype)
 
     def extra_repr(self) -> str:
         return f"activation={self.config.activation}"

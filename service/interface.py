@@ -18,15 +18,36 @@ import numpy as np
 
 
 @dataclass(frozen=True, eq=False)
+class CarriedState:
+    """The recurrent state of N sequences, tied to the model version that made it.
+
+    ``tensors`` maps each part of the state to a float32 array with one row per sequence,
+    ``[N, *shape]``: the shapes a served model's ``state_shapes`` names (a Traveller's ``h`` and
+    ``c`` ``[N, layers, hidden]`` and ``p`` ``[N, 2]``; a smoother's ``s`` ``[N, F]``; a
+    recurrent model's ``h``, and ``c`` for an LSTM). ``version`` is the model's
+    :attr:`ServedInfo.version`: a state is only ever continued by the version that made it.
+    """
+
+    model: str
+    version: str
+    tensors: Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
 class FlatSequences(Sequence[np.ndarray]):
     """N sequences stored one after another: sequence ``i`` is ``data[starts[i]:ends[i]]``.
 
     ``data`` is ``[sum T_i, F]``, ``lengths`` ``[N]`` int64 (each >= 1). It is also a read-only
     sequence of the N ``[T_i, F]`` views, so it goes wherever a list of arrays went.
+
+    As a request, ``state`` is where its sequences start (``None``: the model's own start) and
+    ``return_state`` asks for their final state; as an answer, ``state`` is that final state.
     """
 
     data: np.ndarray  # [sum T_i, F]
     lengths: np.ndarray  # [N] int64
+    state: CarriedState | None = None
+    return_state: bool = False
 
     def __post_init__(self) -> None:
         if self.lengths.ndim != 1 or int(self.lengths.sum()) != len(self.data):
@@ -98,6 +119,10 @@ class StreamingUnavailable(ValueError):
     """The model cannot stream its output (not a continuously scheduled Traveller)."""
 
 
+class StateMismatch(ValueError):
+    """A carried state made by another model, or by another version of this one."""
+
+
 class NonFiniteInput(ValueError):
     """A request's sequences hold a NaN or an infinity, found by the engine (or by the model in
     its own pass over them); the layer that has the request's body says where."""
@@ -126,6 +151,13 @@ class ServedInfo(Protocol):
     @property
     def loaded_at(self) -> float:
         """When this version was loaded (Unix time)."""
+
+
+def state_shapes(served: ServedInfo) -> Mapping[str, tuple[int, ...]] | None:
+    """The parts of one sequence's carried state and their shapes (``{}``: the model cannot
+    carry one); ``None`` where the runtime has no such word (another process's models)."""
+    shapes: Mapping[str, tuple[int, ...]] | None = getattr(served, "state_shapes", None)
+    return shapes
 
 
 @dataclass

@@ -24,7 +24,8 @@ request's ``Accept`` header asks for ``application/x-safetensors``. See docs/WIR
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numba
@@ -33,7 +34,7 @@ import orjson
 
 from rnnserve.service.codec import json_writer
 from rnnserve.service.codec.intrinsics import load8, trailing_zeros
-from rnnserve.service.interface import FlatSequences, Limits, RequestError, quote
+from rnnserve.service.interface import CarriedState, FlatSequences, Limits, RequestError, quote
 
 SAFETENSORS = "application/x-safetensors"
 JSON = "application/json"
@@ -705,12 +706,26 @@ def parse_float(text: bytes) -> float:
 # -- decoded requests ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class StateAsked:
+    """What a body asks of the carried state, in either format: the state it sends (the
+    model and version that made it, and ``{part: rows}``: JSON's per-sequence lists, or a
+    binary body's ``[N, *shape]`` tensors), and whether to answer the final state."""
+
+    return_state: bool = False
+    model: str | None = None
+    version: str | None = None
+    parts: Mapping[str, Any] | None = None  # None: no state sent
+    binary: bool = False  # parts are the tensors ``state.<part>``, else the JSON lists
+
+
 @dataclass
 class Decoded:
     """A request body that parsed: the model name it asked for, and how to get its arrays."""
 
     model: str | None
     _finish: Any  # (input_dim, model name) -> FlatSequences, raising RequestError
+    state: StateAsked = field(default_factory=StateAsked)
 
     def sequences(self, input_dim: int, model: str) -> FlatSequences:
         """Check limits and width against the model; the float32 sequences.
@@ -936,12 +951,14 @@ def _tensor(
 def _decode_safetensors(body: bytes, field: str, limits: Limits) -> Decoded:
     header, meta, start = _read_header(body)
     for name in header:
-        if name not in (field, "lengths"):
+        if name not in (field, "lengths") and not name.startswith(STATE_PREFIX):
             raise RequestError(
                 "unknown_field",
-                f"unknown tensor '{quote(name)}' (expected '{field}' and 'lengths')",
+                f"unknown tensor '{quote(name)}' (expected '{field}', 'lengths' and "
+                "'state.<part>')",
                 (quote(name),),
             )  # fmt: skip
+    state = _binary_state(body, header, meta, start)
     data = _tensor(body, header, start, field, "F32", 2)
     lengths = _tensor(body, header, start, "lengths", "I64", 1)
     if not len(lengths):
@@ -971,7 +988,39 @@ def _decode_safetensors(body: bytes, field: str, limits: Limits) -> Decoded:
             raise _width_error(data.shape[1], field, input_dim, model)
         return FlatSequences(data, lengths)
 
-    return Decoded(meta.get("model"), finish)
+    return Decoded(meta.get("model"), finish, state)
+
+
+STATE_PREFIX = "state."  # a binary body's or answer's state tensors: state.h, state.c, ...
+
+
+def _binary_state(
+    body: bytes, header: dict[str, Any], meta: dict[str, str], start: int
+) -> StateAsked:
+    """A binary body's carried state: tensors ``state.<part>`` (F32 ``[N, *shape]``) with
+    metadata ``state_model`` and ``state_version``; metadata ``return_state`` ``"true"``
+    asks for the final state."""
+    flag = meta.get("return_state", "false")
+    if flag not in ("true", "false"):
+        raise RequestError(
+            "invalid_request", "metadata 'return_state' must be \"true\" or \"false\"",
+            ("__metadata__", "return_state"),
+        )  # fmt: skip
+    asked = flag == "true"
+    names = [n for n in header if n.startswith(STATE_PREFIX)]
+    if not names:
+        return StateAsked(asked)
+    for key in ("state_model", "state_version"):
+        if key not in meta:
+            raise RequestError(
+                "missing", f"metadata '{key}' is required with the state tensors",
+                ("__metadata__", key),
+            )  # fmt: skip
+    parts = {}
+    for name in names:
+        ndim = len(header[name]["shape"])
+        parts[name.removeprefix(STATE_PREFIX)] = _tensor(body, header, start, name, "F32", ndim)
+    return StateAsked(asked, meta["state_model"], meta["state_version"], parts, binary=True)
 
 
 def encode_safetensors(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
@@ -1015,6 +1064,10 @@ def encode(
     if binary:
         return b"".join(encode_parts(model, out_field, outputs))
     flat = outputs if isinstance(outputs, FlatSequences) else FlatSequences.from_arrays(outputs)
+    if flat.state is not None:  # the numbers as written, then the state (orjson: float32 exact)
+        body = bytes(json_writer.sequences_json(model, out_field, flat.data, flat.lengths))
+        state = orjson.dumps(state_json(flat.state), option=orjson.OPT_SERIALIZE_NUMPY)
+        return body[:-1] + b',"state":' + state + b"}"
     return json_writer.sequences_json(model, out_field, flat.data, flat.lengths, view=view)
 
 
@@ -1036,6 +1089,24 @@ def warm_up() -> None:
 def encode_parts(
     model: str, out_field: str, outputs: FlatSequences | list[np.ndarray]
 ) -> list[Any]:
-    """The safetensors response as buffers (header, then the output rows and lengths, in place)."""
+    """The safetensors response as buffers (header, then the output rows and lengths, in place;
+    with a final state, its tensors ``state.<part>`` and metadata ``state_model`` and
+    ``state_version``)."""
     flat = outputs if isinstance(outputs, FlatSequences) else FlatSequences.from_arrays(outputs)
-    return safetensors_parts({out_field: flat.data, "lengths": flat.lengths}, {"model": model})
+    tensors = {out_field: flat.data, "lengths": flat.lengths}
+    meta = {"model": model}
+    if flat.state is not None:
+        for part, rows in flat.state.tensors.items():
+            tensors[STATE_PREFIX + part] = np.asarray(rows, np.float32)
+        meta.update(state_model=flat.state.model, state_version=flat.state.version)
+    return safetensors_parts(tensors, meta)
+
+
+def state_json(state: CarriedState) -> dict[str, Any]:
+    """A final state as an answer's ``"state"``: what the next request sends back as it is."""
+    names = list(state.tensors)
+    sequences = [
+        {name: state.tensors[name][i] for name in names}
+        for i in range(len(next(iter(state.tensors.values()))) if names else 0)
+    ]
+    return {"model": state.model, "version": state.version, "sequences": sequences}

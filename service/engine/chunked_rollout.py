@@ -15,6 +15,7 @@ matrix-vector loop and a step with more through BLAS's GEMM, whose sums may roun
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,8 @@ class _Sequence:
     inputs: np.ndarray  # [T, num_inputs] float32
     outputs: np.ndarray  # [T, 2] float32, filled as steps run
     done: int = 0  # steps run so far
+    keep: bool = False  # its request asked for its final state
+    final: RolloutState | None = None  # its state after its last step (CPU), when kept
 
     @property
     def left(self) -> int:
@@ -52,6 +55,8 @@ class ChunkedRollout:
         self._pending: dict[int, int] = {}  # request key -> sequences not yet finished
         self._requests: dict[int, list[_Sequence]] = {}
         self.last_active_fraction = 1.0  # of the last chunk's [sequences x longest] grid
+        # the final state of each request the last advance finished that asked for it
+        self.finished_states: dict[int, RolloutState] = {}
 
     @property
     def running_sequences(self) -> int:
@@ -64,16 +69,25 @@ class ChunkedRollout:
         self._requests.clear()
 
     def advance(
-        self, joins: list[tuple[int, list[np.ndarray]]], leaves: list[int]
+        self,
+        joins: list[tuple[int, list[np.ndarray]]],
+        leaves: list[int],
+        starts: Mapping[int, RolloutState] | None = None,
+        keep_state: Collection[int] = (),
     ) -> tuple[dict[int, list[np.ndarray]], dict[int, list[Piece]], int]:
         """Admit ``joins``, drop ``leaves``, run one chunk.
+
+        ``starts``: the state a joining request's sequences start from (one row per sequence,
+        in its order), by key; the others start from zeros. ``keep_state``: the joining
+        requests whose final state :attr:`finished_states` holds once they finish.
 
         Returns the finished requests' outputs, the pieces of output each request got in this
         chunk (for streaming), and the number of timesteps run.
         """
+        self.finished_states = {}
         try:
             self._drop(set(leaves))
-            self._join(joins)
+            self._join(joins, starts or {}, set(keep_state))
             progress = self._run_chunk() if self._running else {}
             steps = sum(len(y) for pieces in progress.values() for _, _, y in pieces)
             return self._collect(), progress, steps
@@ -96,22 +110,36 @@ class ChunkedRollout:
             self._pending.pop(key, None)
             self._requests.pop(key, None)
 
-    def _join(self, joins: list[tuple[int, list[np.ndarray]]]) -> None:
+    def _join(
+        self,
+        joins: list[tuple[int, list[np.ndarray]]],
+        starts: Mapping[int, RolloutState],
+        keep: set[int],
+    ) -> None:
         new: list[_Sequence] = []
+        parts: list[RolloutState] = []
+        m = self.model
+        dtype = next(m.parameters()).dtype
         for key, arrays in joins:
             seqs = [
-                _Sequence(key, i, a, np.empty((len(a), 2), dtype=np.float32))
+                _Sequence(key, i, a, np.empty((len(a), 2), dtype=np.float32), keep=key in keep)
                 for i, a in enumerate(arrays)
             ]
             self._requests[key] = seqs
             self._pending[key] = len(seqs)
             new.extend(seqs)
+            start = starts.get(key)
+            if start is None:
+                start = RolloutState.zeros(
+                    m.num_layers, len(seqs), m.hidden_size, dtype=dtype, device=self.device
+                )
+            parts.append(_on(start, self.device, dtype))
         if not new:
             return
-        m = self.model
-        dtype = next(m.parameters()).dtype
-        fresh = RolloutState.zeros(
-            m.num_layers, len(new), m.hidden_size, dtype=dtype, device=self.device
+        fresh = RolloutState(
+            torch.cat([p.h for p in parts], 1),
+            torch.cat([p.c for p in parts], 1),
+            torch.cat([p.p for p in parts], 0),
         )
         if self._state is None:
             self._state = fresh
@@ -154,13 +182,38 @@ class ChunkedRollout:
             if seq.left:
                 keep.append(i)
                 continue
+            if seq.keep and self._state is not None:
+                row = torch.tensor([i], dtype=torch.long, device=self.device)
+                seq.final = _on(self._state.index(row), torch.device("cpu"), torch.float32)
             self._pending[seq.key] -= 1
             if self._pending[seq.key] == 0:
                 del self._pending[seq.key]
-                finished[seq.key] = [s.outputs for s in self._requests.pop(seq.key)]
+                seqs = self._requests.pop(seq.key)
+                finished[seq.key] = [s.outputs for s in seqs]
+                if seq.keep:
+                    self.finished_states[seq.key] = _stack([s.final for s in seqs])
         if len(keep) != len(self._running):
             self._running = [self._running[i] for i in keep]
             if self._state is not None:
                 idx = torch.tensor(keep, dtype=torch.long, device=self.device)
                 self._state = self._state.index(idx) if keep else None
         return finished
+
+
+def _on(state: RolloutState, device: torch.device, dtype: torch.dtype) -> RolloutState:
+    return RolloutState(
+        state.h.to(device=device, dtype=dtype),
+        state.c.to(device=device, dtype=dtype),
+        state.p.to(device=device, dtype=dtype),
+    )
+
+
+def _stack(finals: list[RolloutState | None]) -> RolloutState:
+    """One request's final state, its sequences' rows in order."""
+    rows = [f for f in finals if f is not None]
+    assert len(rows) == len(finals)
+    return RolloutState(
+        torch.cat([r.h for r in rows], 1),
+        torch.cat([r.c for r in rows], 1),
+        torch.cat([r.p for r in rows], 0),
+    )

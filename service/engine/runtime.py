@@ -12,6 +12,7 @@ for a long one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import time
@@ -28,9 +29,9 @@ from torch.nn.utils.rnn import PackedSequence
 from rnnserve import models
 from rnnserve.models import torchscript
 from rnnserve.models.packing import active_fraction, pack_flat, plan, unpack_flat
-from rnnserve.models.recurrent import RecurrentModel
+from rnnserve.models.recurrent import RecurrentModel, RecurrentState
 from rnnserve.models.smoothing import LinearRecursion
-from rnnserve.models.traveller import Traveller
+from rnnserve.models.traveller import RolloutState, Traveller
 from rnnserve.service import examples
 from rnnserve.service.config import Settings
 from rnnserve.service.engine.batcher import DynamicBatcher, ItemError, TimedResults
@@ -43,11 +44,13 @@ from rnnserve.service.engine.reload import (
     poll_directory,
 )
 from rnnserve.service.interface import (
+    CarriedState,
     FlatSequences,
     NonFiniteInput,
     Piece,
     ReloadReport,
     StartupError,
+    StateMismatch,
     StreamingUnavailable,
     UnknownModel,
     is_out_of_memory,
@@ -76,6 +79,90 @@ class ServedModel:
     checks_finite: bool = False  # the model finds NaN and infinity in its own pass over them
     version: str = ""  # a fingerprint of the file it was loaded from (reload.file_version)
     loaded_at: float = 0.0  # Unix time
+    # one sequence's carried state: its parts and their shapes ({}: the model carries none)
+    state_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+def state_shapes_of(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The parts of one sequence's state a model carries from one piece of a stream to the
+    next, and their shapes: what :func:`run_with_state` takes and returns, per sequence."""
+    if isinstance(module, LinearRecursion):
+        return {"s": (module.feat_dim,)}  # the smoothed value s_t of each feature
+    if isinstance(module, Traveller):
+        layers = (module.num_layers, module.hidden_size)
+        return {"h": layers, "c": layers, "p": (2,)}  # p: the last position, fed back
+    if isinstance(module, RecurrentModel):
+        cfg = module.config
+        layers = (cfg.num_layers, cfg.hidden_size)
+        return {"h": layers, "c": layers} if cfg.cell == "lstm" else {"h": layers}
+    return {}  # a TorchScript module's state is its own business
+
+
+def run_with_state(
+    module: nn.Module, packed: PackedSequence, init: dict[str, torch.Tensor] | None
+) -> tuple[PackedSequence, dict[str, torch.Tensor]]:
+    """One forward pass from ``init`` (``None``: the model's own start), and the final state.
+
+    States are ``{part: [B, *shape]}`` (:func:`state_shapes_of`), row ``i`` of sequence ``i``
+    in the order the sequences were packed; the models keep layers first, so ``h`` and ``c``
+    are turned to ``[layers, B, hidden]`` and back."""
+    if isinstance(module, LinearRecursion):
+        out, s = module.forward_with_state(packed, None if init is None else init["s"])
+        return out, {"s": s}
+    if isinstance(module, Traveller):
+        start = None
+        if init is not None:
+            start = RolloutState(_layers_first(init["h"]), _layers_first(init["c"]), init["p"])
+        positions, final = module.rollout_with_state(packed, start)
+        return positions, {"h": _layers_first(final.h), "c": _layers_first(final.c), "p": final.p}
+    if isinstance(module, RecurrentModel):
+        begin = None
+        if init is not None:
+            c = init.get("c")
+            begin = RecurrentState(
+                _layers_first(init["h"]), None if c is None else _layers_first(c)
+            )
+        y, end = module.forward_with_state(packed, begin)
+        parts = {"h": _layers_first(end.h)}
+        if end.c is not None:
+            parts["c"] = _layers_first(end.c)
+        return y, parts
+    raise TypeError(f"{type(module).__name__} carries no state")
+
+
+def _layers_first(t: torch.Tensor) -> torch.Tensor:
+    """``[B, L, H]`` <-> ``[L, B, H]``."""
+    return t.transpose(0, 1).contiguous()
+
+
+def _stateful(items: Sequence[Item]) -> bool:
+    return any(item.state is not None or item.return_state for item in items)
+
+
+def _batch_start(
+    module: nn.Module, items: Sequence[Item], device: torch.device
+) -> dict[str, torch.Tensor] | None:
+    """The batch's initial state, ``{part: [B, *shape]}``: each item's own, or the model's own
+    start for an item without one (zeros; for the smoother, ``s_{-1} = x_0``, which makes
+    ``s_0 = x_0`` as a fresh sequence has it); ``None`` when no item brings a state."""
+    if all(item.state is None for item in items):
+        return None
+    shapes = state_shapes_of(module)
+    dtype = next(module.parameters()).dtype
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in shapes}
+    for item in items:
+        for name, shape in shapes.items():
+            if item.state is not None:
+                rows = np.asarray(item.state.tensors[name], np.float32)
+            elif name == "s":
+                rows = item.data[item.ends - item.lengths]  # each sequence's first step
+            else:
+                rows = np.zeros((len(item), *shape), np.float32)
+            parts[name].append(rows)
+    return {
+        name: torch.from_numpy(np.concatenate(rows)).to(device=device, dtype=dtype)
+        for name, rows in parts.items()
+    }
 
 
 def _refuse_non_finite(served: ServedModel, sequences: Item) -> None:
@@ -442,8 +529,27 @@ class ModelRuntime:
                 chunked.advance([(0, arrays)], [])  # the resumable path too
                 while chunked.running_sequences:
                     chunked.advance([], [])
+        self._warm_state(name, module, dim)
         log.info("loaded and warmed %s in %.2f s", name, time.perf_counter() - started)
         return module, version
+
+    def _warm_state(self, name: str, module: nn.Module, dim: int) -> None:
+        """Run the carried-state paths once (a kernel they compile would stall a request)."""
+        shapes = state_shapes_of(module)
+        if not shapes:
+            return
+        rows = np.random.default_rng(1).standard_normal((5, dim), np.float32)
+        asked = FlatSequences(rows, np.array([3, 2]), return_state=True)
+        [out] = self._compute(name, module, [asked], record=False)
+        assert isinstance(out, FlatSequences)
+        assert out.state is not None
+        again = FlatSequences(rows, np.array([3, 2]), out.state, return_state=True)
+        self._compute(name, module, [again, asked], record=False)
+        if isinstance(module, Traveller):
+            chunked = ChunkedRollout(module, self.device, 2)
+            chunked.advance([(0, list(again))], [], {0: _rollout_start(again)}, [0])
+            while chunked.running_sequences:
+                chunked.advance([], [])
 
     def _example(self, name: str, module: nn.Module) -> dict[str, Any]:
         """The model's answer to the documented example request, computed the way a lone
@@ -474,13 +580,22 @@ class ModelRuntime:
                 loop = asyncio.get_running_loop()
                 # own copies: a binary request's rows are read-only views of its body
                 lists = [(key, [a.copy() for a in item]) for key, item in joins]
-                (done, progress, steps), seconds = await loop.run_in_executor(
-                    executor, _timed, chunked.advance, lists, leaves
+                starts = {
+                    key: _rollout_start(item) for key, item in joins if item.state is not None
+                }
+                keep = [key for key, item in joins if item.return_state]
+                (done, progress, steps, finals), seconds = await loop.run_in_executor(
+                    executor, _timed, _advance, chunked, lists, leaves, starts, keep
                 )
                 if self.metrics is not None and steps:
                     fraction = self.metrics.batch_active_fraction.labels(name)
                     fraction.observe(chunked.last_active_fraction)
-                flat = {key: FlatSequences.from_arrays(out, 2) for key, out in done.items()}
+                flat = {
+                    key: dataclasses.replace(
+                        FlatSequences.from_arrays(out, 2), state=_rollout_end(name, finals.get(key))
+                    )
+                    for key, out in done.items()
+                }
                 return ChunkOutcome(flat, progress, steps, seconds)
 
             batcher = ContinuousBatcher(
@@ -512,9 +627,11 @@ class ModelRuntime:
             )
         info = models.describe(module)
         checks = self._checks_finite(module)
-        return ServedModel(
+        served = ServedModel(
             name, info["kind"], module, _input_dim(module), info, batcher, executor, checks
         )
+        served.state_shapes = state_shapes_of(module)
+        return served
 
     def _checks_finite(self, module: nn.Module) -> bool:
         # the smoother's CPU kernel checks its inputs in the pass that smooths them
@@ -547,6 +664,7 @@ class ModelRuntime:
                 "continuous rollout scheduling"
             )
         _refuse_non_finite(served, sequences)
+        _check_state(served, sequences)
         return served.batcher.stream(
             sequences, size=len(sequences), cost=sum(len(s) for s in sequences)
         )
@@ -561,7 +679,12 @@ class ModelRuntime:
         if not isinstance(sequences, FlatSequences):
             sequences = FlatSequences.from_arrays(sequences, served.input_dim)
         _refuse_non_finite(served, sequences)
-        return await served.batcher.submit(sequences, size=len(sequences), cost=sequences.total)
+        _check_state(served, sequences)
+        out = await served.batcher.submit(sequences, size=len(sequences), cost=sequences.total)
+        if out.state is not None:  # made by this version: its batcher ran the batch
+            state = CarriedState(name, served.version, out.state.tensors)
+            out = dataclasses.replace(out, state=state)
+        return out
 
     def _compute(
         self, name: str, module: nn.Module, items: Sequence[Item], record: bool = True
@@ -574,7 +697,16 @@ class ModelRuntime:
         """
         lengths = np.concatenate([item.lengths for item in items])
         finite: np.ndarray | None = None
-        if self._checks_finite(module):
+        final: dict[str, np.ndarray] | None = None
+        if _stateful(items):
+            layout = plan(lengths)
+            with torch.inference_mode():
+                packed = pack_flat([item.data for item in items], lengths, self.device, layout)
+                start = _batch_start(module, items, self.device)
+                out, end = run_with_state(module, packed, start)
+                flat = unpack_flat(out.cpu(), lengths, layout).numpy()
+                final = {part: t.float().cpu().numpy() for part, t in end.items()}
+        elif self._checks_finite(module):
             assert isinstance(module, LinearRecursion)
             # the recursion is per sequence: run it on the requests' own rows, no packing, and
             # check them for NaN and infinity in the same pass (a bad row spoils only its own
@@ -598,10 +730,59 @@ class ModelRuntime:
             if ok is not None and not ok.all():
                 results.append(ItemError(NonFiniteInput.in_sequence(int(np.argmin(ok)))))
             else:
-                results.append(FlatSequences(flat[row : row + item.total], item.lengths))
+                state = None
+                if final is not None and item.return_state:
+                    tensors = {part: t[seq : seq + len(item)] for part, t in final.items()}
+                    state = CarriedState(name, "", tensors)  # infer names the version
+                rows = flat[row : row + item.total]
+                results.append(FlatSequences(rows, item.lengths, state))
             row += item.total
             seq += len(item)
         return results
+
+
+def _check_state(served: ServedModel, sequences: Item) -> None:
+    """Refuse a state another model or version made; one from this version runs on it."""
+    state = sequences.state
+    if state is not None and (state.model, state.version) != (served.name, served.version):
+        raise StateMismatch(
+            f"the state was made by model '{quote(state.model)}' version "
+            f"'{quote(state.version)}'; '{served.name}' is version '{served.version}' now"
+        )
+    if state is not None and served.checks_finite and not sequences.all_finite():
+        # a stateful batch does not run the smoother's checking pass: check here
+        raise NonFiniteInput.in_sequence(sequences.first_non_finite())
+
+
+def _rollout_start(item: Item) -> RolloutState:
+    """A request's carried state as the Traveller holds it (layers first)."""
+    assert item.state is not None
+    t = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in item.state.tensors.items()}
+    return RolloutState(_layers_first(t["h"]), _layers_first(t["c"]), t["p"])
+
+
+def _rollout_end(name: str, final: RolloutState | None) -> CarriedState | None:
+    if final is None:
+        return None
+    tensors = {
+        "h": _layers_first(final.h).numpy(),
+        "c": _layers_first(final.c).numpy(),
+        "p": final.p.contiguous().numpy(),
+    }
+    return CarriedState(name, "", tensors)  # infer names the version
+
+
+def _advance(
+    chunked: ChunkedRollout,
+    joins: list[tuple[int, list[np.ndarray]]],
+    leaves: list[int],
+    starts: dict[int, RolloutState],
+    keep: list[int],
+) -> tuple[dict[int, list[np.ndarray]], dict[int, list[Piece]], int, dict[int, RolloutState]]:
+    """One chunk of the continuous rollout, and the final states of the requests it finished
+    that asked for them (read on the worker thread, before the next chunk)."""
+    done, progress, steps = chunked.advance(joins, leaves, starts, keep)
+    return done, progress, steps, dict(chunked.finished_states)
 
 
 def _timed(fn: Callable[..., A], *args: Any) -> tuple[A, float]:

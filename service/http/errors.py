@@ -37,6 +37,10 @@ CATALOGUE: dict[str, ErrorKind] = {
     ),
     **_kinds(404, "no such model", unknown_model="no served model has that name"),
     **_kinds(
+        409, "a carried state made by another model or model version",
+        state_mismatch="the state's model or version is not the model's that serves it now",
+    ),
+    **_kinds(
         408, "the body (or the request head) did not arrive in time",
         body_timeout="the body did not arrive within body_timeout_s",
         header_timeout="the request line and headers did not arrive within header_timeout_s",
@@ -64,6 +68,7 @@ CATALOGUE: dict[str, ErrorKind] = {
         non_finite="NaN, Infinity or a number beyond float32's range",
         wrong_model_kind="a model sent to another kind's endpoint",
         cannot_stream="a streamed rollout while rollouts are scheduled in whole batches",
+        cannot_carry_state="a carried state for a model or server mode that carries none",
     ),
     **_kinds(
         431, "the request line and headers are over a configured limit",

@@ -4,6 +4,7 @@ model, run, respond; and what each failure is answered with."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import math
@@ -21,6 +22,7 @@ from prometheus_client import Gauge
 
 from rnnserve.service import endpoints
 from rnnserve.service.codec import bodies
+from rnnserve.service.codec.bodies import StateAsked
 from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings
 from rnnserve.service.endpoints import INFER, ROLLOUT, Endpoint
@@ -30,7 +32,13 @@ from rnnserve.service.http.outcomes import ClientGone, DeadlineExceeded
 from rnnserve.service.http.precise import read_precisely
 from rnnserve.service.http.responses import BuffersResponse, error_response
 from rnnserve.service.http.streaming import NDJSON, disconnected, ndjson
-from rnnserve.service.http.validation import SCHEMAS, FlatNumbers, to_arrays
+from rnnserve.service.http.validation import (
+    SCHEMAS,
+    FlatNumbers,
+    carried_state,
+    state_from_json,
+    to_arrays,
+)
 from rnnserve.service.interface import (
     BatcherClosed,
     EngineUnavailable,
@@ -41,11 +49,13 @@ from rnnserve.service.interface import (
     RequestError,
     Runtime,
     ServedInfo,
+    StateMismatch,
     StreamingUnavailable,
     UnknownModel,
     is_out_of_memory,
     open_request,
     quote,
+    state_shapes,
 )
 from rnnserve.service.metrics import Metrics
 
@@ -174,6 +184,7 @@ async def serve_request(
             parsed = await _decode(call, body)
             name, served = _choose_model(call, parsed.model)
             call.sequences = await _arrays(call, body, parsed, name, served)
+            call.sequences = _with_state(call.sequences, parsed.state, name, served)
         return await _run(call, name)
     except (ClientGone, DeadlineExceeded, RequestError) as exc:
         return _refuse(call, exc)
@@ -207,6 +218,7 @@ class _Parsed:
     model: str | None
     decoded: bodies.Decoded | None
     flat: FlatNumbers | None = None
+    state: StateAsked = field(default_factory=StateAsked)
 
 
 def _limits(settings: Settings) -> Limits:
@@ -230,12 +242,13 @@ async def _decode(call: _Call, body: bytes) -> _Parsed:
     else:
         decoded = await codec.run(json_bytes, bodies.decode, body, ctype, field, limits)
     if decoded is not None:
-        return _Parsed(decoded.model, decoded)
+        return _Parsed(decoded.model, decoded, state=decoded.state)
     # off the JSON fast path: the precise parser (in a child for large bodies, its memory held
-    # in the budget) says what is wrong, or reads what the fast one declined
+    # in the budget) says what is wrong, or reads what the fast one declined (a body with a
+    # carried state among them: the fast reader takes only the sequences and the model)
     schema = SCHEMAS[call.endpoint][0]
     name, flat = await read_precisely(call.request, body, schema, field, call.held, codec)
-    return _Parsed(name, None, flat)
+    return _Parsed(name, None, flat, state_from_json(flat.state, flat.return_state))
 
 
 def _choose_model(call: _Call, name: str | None) -> tuple[str, ServedInfo]:
@@ -278,6 +291,29 @@ async def _arrays(call: _Call, body: bytes, parsed: _Parsed, name: str, served: 
     return await codec.run(len(body), to_arrays, parsed.flat, field, served.input_dim, limits, name)
 
 
+def _with_state(sequences: Any, asked: StateAsked, name: str, served: ServedInfo) -> Any:
+    """The sequences with the state they start from and whether to answer the final one,
+    checked against the model (its version, its parts and their shapes)."""
+    if asked.parts is None and not asked.return_state:
+        return sequences
+    shapes = state_shapes(served)
+    if shapes is None:
+        raise RequestError(
+            "cannot_carry_state",
+            "this server runs its models in a separate process (--workers N), which does not "
+            "carry state between requests; use a server without --workers for carried state",
+            ("state",) if asked.parts is not None else ("return_state",),
+        )  # fmt: skip
+    if not shapes:
+        raise RequestError(
+            "cannot_carry_state",
+            f"model '{name}' ({served.kind}) carries no state between requests",
+            ("state",) if asked.parts is not None else ("return_state",),
+        )  # fmt: skip
+    state = carried_state(asked, name, served.version, shapes, len(sequences))
+    return dataclasses.replace(sequences, state=state, return_state=asked.return_state)
+
+
 async def _run(call: _Call, name: str) -> Response:
     if time.perf_counter() >= call.deadline:  # reading and parsing took it all: never queued
         raise DeadlineExceeded
@@ -285,6 +321,13 @@ async def _run(call: _Call, name: str) -> Response:
     call.running = True
     answer = _answer_type(call)
     if answer == NDJSON:
+        if call.sequences.return_state:
+            raise RequestError(
+                "invalid_request",
+                "a streamed answer (Accept: application/x-ndjson) cannot carry the final "
+                "state; ask for JSON or safetensors to have it returned",
+                ("return_state",),
+            )  # fmt: skip
         return await _stream(call, name)
     work = runtime.infer(name, call.sequences)
     with call.trace.engine_call():  # its task starts inside: the engine call's span is current
@@ -338,6 +381,7 @@ _RUNTIME_ERRORS: dict[type[Exception], tuple[str, bool]] = {
     QueueFull: ("queue_full", False),
     BatcherClosed: ("shutting_down", False),
     EngineUnavailable: ("engine_unavailable", False),  # several workers: the engine has gone
+    StateMismatch: ("state_mismatch", False),  # a reload replaced the version since the check
 }
 
 
@@ -347,7 +391,8 @@ def _as_request_error(exc: Exception, call: _Call) -> RequestError | None:
         if isinstance(exc, cls):
             if kind == "unknown_model":
                 call.model_label = "unknown"  # not the client's text: labels stay few
-            return RequestError(kind, str(exc), call.where if located else ())
+            where = ("state", "version") if kind == "state_mismatch" else ()
+            return RequestError(kind, str(exc), call.where if located else where)
     if isinstance(exc, NonFiniteInput):  # found by the engine, which has no body: say where
         return bodies.non_finite_error(call.sequences, call.endpoint.input_field)
     if call.running and is_out_of_memory(exc):
