@@ -382,3 +382,34 @@ async def test_the_openapi_document_describes_the_state(
         assert "state_mismatch" in str(doc["paths"][path]["post"]["responses"]["409"])
     schemas = doc["components"]["schemas"]
     assert "state" in schemas["SmoothResponse"]["properties"]
+
+
+async def test_a_state_made_before_a_reload_changed_the_model_is_refused(
+    app_client: AppClient, tmp_path: Path
+) -> None:
+    """The fingerprint follows the file: after a reload swaps in new GRU weights, a state of
+    the old version is a 409 at ``["state", "version"]``, and the new version's own works."""
+    write_models(tmp_path)
+    token = {"authorization": "Bearer s3cret"}
+
+    async def post(path: str, **kw: Any) -> httpx.Response:
+        return await client.post(path, headers={**token, **kw.pop("headers", {})}, **kw)
+
+    async with app_client(model_dir=tmp_path, api_token="s3cret") as (_, client):
+        xs = random_streams(np.random.default_rng(4), "gru", 2)
+        _, old = await send(post, "gru", xs, None, False)
+        torch.manual_seed(99)
+        cfg = RecurrentConfig("gru", input_size=5, hidden_size=8, num_layers=2, head_size=3)
+        models.save(RecurrentModel(cfg).eval(), tmp_path / ".gru.partial")
+        (tmp_path / ".gru.partial").replace(tmp_path / "gru.safetensors")
+        reload = await post("/admin/reload")
+        assert reload.json()["changed"] == ["gru"]
+        doc = {"inputs": [x.tolist() for x in xs], "state": old}
+        r = await post("/models/gru/infer", json=doc)
+        assert (r.status_code, r.json()["type"], r.json()["loc"]) == (
+            409, "state_mismatch", ["state", "version"],
+        )  # fmt: skip
+        _, new = await send(post, "gru", xs, None, False)
+        assert new["version"] == reload.json()["models"]["gru"] != old["version"]
+        ys, _ = await send(post, "gru", xs, new, False)
+        assert len(ys) == 2
