@@ -413,3 +413,20 @@ async def test_a_state_made_before_a_reload_changed_the_model_is_refused(
         assert new["version"] == reload.json()["models"]["gru"] != old["version"]
         ys, _ = await send(post, "gru", xs, new, False)
         assert len(ys) == 2
+
+
+async def test_a_non_finite_input_beside_a_state_is_located(
+    app_client: AppClient, model_dir: Path
+) -> None:
+    """The smoother's stateful batches skip its CPU kernel's own finite check: the engine
+    checks instead, and the 422 says where."""
+    async with app_client(model_dir=model_dir, device="cpu") as (_, client):
+        state = await first_state(client, "smoother", 2)
+        meta = {"state_model": "smoother", "state_version": state["version"]}
+        s = np.asarray([seq["s"] for seq in state["sequences"]], np.float32)
+        rows = np.ones((5, 16), np.float32)
+        rows[3, 7] = np.inf
+        body = save({"sequences": rows, "lengths": np.array([2, 3]), "state.s": s}, metadata=meta)
+        r = await client.post("/smooth", content=body, headers={"content-type": SAFETENSORS})
+        assert r.status_code == 422
+        assert (r.json()["type"], r.json()["loc"]) == ("non_finite", ["sequences", 1, 1, 7])
