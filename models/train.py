@@ -606,6 +606,7 @@ def main_traveller(args: argparse.Namespace) -> int:
     card = args.out / f"{args.name}.md"
     card.write_text(traveller_card(args.name, result, args, worst), encoding="utf-8")
     figures = {
+        "length": args.length,
         "held_out": {k: vars(e) for k, e in result.held_out.items()},
         "untrained": vars(result.init["model"]),
     }
