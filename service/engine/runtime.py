@@ -706,6 +706,8 @@ class ModelRuntime:
                 out, end = run_with_state(module, packed, start)
                 flat = unpack_flat(out.cpu(), lengths, layout).numpy()
                 final = {part: t.float().cpu().numpy() for part, t in end.items()}
+            if self._checks_finite(module):  # its checking pass did not run: check each sequence
+                finite = _finite_sequences([item.data for item in items], lengths)
         elif self._checks_finite(module):
             assert isinstance(module, LinearRecursion)
             # the recursion is per sequence: run it on the requests' own rows, no packing, and
@@ -749,9 +751,13 @@ def _check_state(served: ServedModel, sequences: Item) -> None:
             f"the state was made by model '{quote(state.model)}' version "
             f"'{quote(state.version)}'; '{served.name}' is version '{served.version}' now"
         )
-    if state is not None and served.checks_finite and not sequences.all_finite():
-        # a stateful batch does not run the smoother's checking pass: check here
-        raise NonFiniteInput.in_sequence(sequences.first_non_finite())
+
+
+def _finite_sequences(chunks: list[np.ndarray], lengths: np.ndarray) -> np.ndarray:
+    """``[B]`` bool: whether each sequence's rows are all finite."""
+    rows = np.concatenate([np.isfinite(c).all(axis=1) for c in chunks])
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    return np.logical_and.reduceat(rows, starts) if len(rows) else np.ones(0, np.bool_)
 
 
 def _rollout_start(item: Item) -> RolloutState:

@@ -419,14 +419,31 @@ async def test_a_non_finite_input_beside_a_state_is_located(
     app_client: AppClient, model_dir: Path
 ) -> None:
     """The smoother's stateful batches skip its CPU kernel's own finite check: the engine
-    checks instead, and the 422 says where."""
-    async with app_client(model_dir=model_dir, device="cpu") as (_, client):
+    checks each sequence instead, and the 422 says where; a bad request that shares such a
+    batch (stateless, or asking only for its final state) fails alone, located too."""
+    async with app_client(model_dir=model_dir, device="cpu", max_delay_ms=50) as (_, client):
         state = await first_state(client, "smoother", 2)
         meta = {"state_model": "smoother", "state_version": state["version"]}
         s = np.asarray([seq["s"] for seq in state["sequences"]], np.float32)
         rows = np.ones((5, 16), np.float32)
-        rows[3, 7] = np.inf
-        body = save({"sequences": rows, "lengths": np.array([2, 3]), "state.s": s}, metadata=meta)
-        r = await client.post("/smooth", content=body, headers={"content-type": SAFETENSORS})
-        assert r.status_code == 422
-        assert (r.json()["type"], r.json()["loc"]) == ("non_finite", ["sequences", 1, 1, 7])
+        bad = rows.copy()
+        bad[3, 7] = np.inf
+        lengths = np.array([2, 3])
+        headers = {"content-type": SAFETENSORS}
+
+        def body(x: np.ndarray, **extra: Any) -> bytes:
+            tensors = {"sequences": x, "lengths": lengths}
+            meta_ = {k: v for k, v in extra.items() if k != "state"}
+            if extra.get("state"):
+                tensors["state.s"] = s
+            return save(tensors, metadata=meta_)
+
+        answers = await asyncio.gather(
+            client.post("/smooth", content=body(bad, state=True, **meta), headers=headers),
+            client.post("/smooth", content=body(rows, state=True, **meta), headers=headers),
+            client.post("/smooth", content=body(bad), headers=headers),
+            client.post("/smooth", content=body(bad, return_state="true"), headers=headers),
+        )
+        assert [r.status_code for r in answers] == [422, 200, 422, 422]
+        for r in (answers[0], answers[2], answers[3]):
+            assert (r.json()["type"], r.json()["loc"]) == ("non_finite", ["sequences", 1, 1, 7])
