@@ -352,6 +352,7 @@ class TravellerResult:
     model: Traveller
     init: dict[str, Errors]  # held-out errors before training (the seeded initialisation)
     held_out: dict[str, Errors]  # after
+    held_out_long: dict[str, Errors]  # after, on sequences twice the training length
     seconds: float
     curve: list[CurvePoint]
 
@@ -407,7 +408,11 @@ def train_traveller(args: argparse.Namespace) -> TravellerResult:
                 )
     seconds = time.perf_counter() - start
     model.eval().requires_grad_(False)
-    return TravellerResult(model, init, held_out_errors(model, held_u, held_p), seconds, curve)
+    long_gen = torch.Generator().manual_seed(args.seed + HELD_OUT_SEED_OFFSET + 1)
+    long_u, long_p = trajectories(long_gen, [2 * args.length] * args.held_out)
+    held = held_out_errors(model, held_u, held_p)
+    held_long = held_out_errors(model, long_u, long_p)
+    return TravellerResult(model, init, held, held_long, seconds, curve)
 
 
 def check_loaded_traveller(model: Traveller, name: str, out: Path, us: list[Tensor]) -> float:
@@ -471,6 +476,15 @@ def traveller_card(
             _errors_row("straight line (speed read, turns ignored)", held["straight_line"]),
             _errors_row("untrained (the seeded initialisation)", init["model"]),
             _errors_row("this model", held["model"], bold=True),
+            "",
+            f"Beyond the trained length the rollout drifts: on {args.held_out} held-out "
+            f"sequences of {2 * args.length} steps, twice the longest it was trained on,",
+            "",
+            "| predictor | MSE | mean distance | final distance |",
+            "|---|---:|---:|---:|",
+            _errors_row("the origin, always", result.held_out_long["origin"]),
+            _errors_row("straight line", result.held_out_long["straight_line"]),
+            _errors_row("this model", result.held_out_long["model"], bold=True),
             "",
             "Integrating the turn and speed commands with the rule above is exact: the model "
             "is a learnt stand-in for it, a demonstration of a rollout that means something.",
@@ -609,6 +623,7 @@ def main_traveller(args: argparse.Namespace) -> int:
         "length": args.length,
         "held_out": {k: vars(e) for k, e in result.held_out.items()},
         "untrained": vars(result.init["model"]),
+        "held_out_twice_length": {k: vars(e) for k, e in result.held_out_long.items()},
     }
     write_numbers(args.out / f"{args.name}.json", "traveller", result.curve, figures)
     held = result.held_out

@@ -55,6 +55,9 @@ def test_writes_a_model_folder_the_loader_serves_with_a_card(
     assert f"| {held['straight_line']['mse']:.5f} |" in card
     assert f"| {held['origin']['mse']:.5f} |" in card
     assert f"| {figures['untrained']['mse']:.5f} |" in card
+    longer = figures["held_out_twice_length"]
+    assert f"**{longer['model']['mse']:.5f}**" in card
+    assert f"| {longer['straight_line']['mse']:.5f} |" in card
     steps = [p["step"] for p in figures["curve"]]
     assert steps[0] == 0
     assert steps[-1] == int(TINY_STEPS)
