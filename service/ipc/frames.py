@@ -45,7 +45,6 @@ import enum
 import logging
 import struct
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -223,15 +222,6 @@ def frame_error(frame: Frame) -> Exception:
     return cls(message)
 
 
-class Request(NamedTuple):
-    """What an INFER or STREAM frame asks for."""
-
-    model: str
-    request_id: str | None  # the HTTP request's ``X-Request-Id``, for the engine's log
-    traceparent: str | None  # the worker's span (W3C ``traceparent``): the batch links to it
-    sequences: FlatSequences
-
-
 def request_frame(
     op: Op,
     call_id: int,
@@ -246,9 +236,10 @@ def request_frame(
     return Frame(op, call_id, text=text.encode(), ints=sequences.lengths, rows=sequences.data)
 
 
-def request_of(frame: Frame) -> Request:
-    """The model name, the HTTP request id and the traceparent (each ``None`` if the worker
-    sent none) and the rows of an INFER or STREAM frame."""
+def request_of(frame: Frame) -> tuple[str, str | None, str | None, FlatSequences]:
+    """The model name, the HTTP request id (for the engine's log), the traceparent of the
+    worker's span (the batch links to it; each ``None`` if the worker sent none) and the rows
+    of an INFER or STREAM frame."""
     try:
         fields = frame.text.decode().split("\0", 2)
         if len(fields) < 3:  # the model alone, or no traceparent: the missing ones are empty
@@ -257,7 +248,7 @@ def request_of(frame: Frame) -> Request:
         sequences = FlatSequences(frame.rows, frame.ints)
     except ValueError as exc:
         raise FrameError(str(exc)) from None
-    return Request(name, request_id or None, traceparent or None, sequences)
+    return name, request_id or None, traceparent or None, sequences
 
 
 def progress_frame(call_id: int, pieces: list[Piece]) -> Frame:
