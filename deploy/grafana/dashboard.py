@@ -316,6 +316,32 @@ def build() -> db.Dashboard:
             ),
         )
     )
+    up = 'sum(up{job=~"$job"})'
+    d = d.with_panel(
+        panel(
+            next(ids),
+            "Stalled readers closed, model reloads",
+            "short",
+            "Counts per rate interval: connections closed because the client read nothing of "
+            "its answer for "
+            "write_timeout_s (their unsent bytes were held in the byte budget), and models a "
+            "reload changed, by result: loaded, changed, removed, failed (a failed one keeps its "
+            "old version serving; the log says why).",
+            query(
+                or_zero(f"sum(increase(rnnserve_write_timeouts_total{{{SEL}}}[{RATE}]))", up),
+                "write timeouts",
+                "A",
+            ),
+            query(
+                or_zero(
+                    f"sum by (result) (increase(rnnserve_model_reloads_total{{{SEL}}}[{RATE}]))",
+                    up,
+                ),
+                "reloads {{result}}",
+                "B",
+            ),
+        )
+    )
     d = d.with_panel(
         panel(
             next(ids),
