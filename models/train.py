@@ -159,9 +159,11 @@ def train_smoother(
             point = CurvePoint(step + 1, loss.item(), val_loss(model, val_x, val_y))
             curve.append(point)
             if not quiet:
+                rate = point.step / (time.perf_counter() - start)
                 print(
                     f"step {point.step}/{steps}: loss {point.loss:.5f}, "
-                    f"validation {point.validation:.5f}",
+                    f"validation {point.validation:.5f}, {rate:.2f} steps/s, "
+                    f"ETA {_duration((steps - point.step) / rate)}",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -3,6 +3,7 @@ alpha that fits each channel, the same file from the same seed, refusals of bad 
 
 from __future__ import annotations
 
+import re
 import stat
 from pathlib import Path
 
@@ -102,3 +103,15 @@ def test_the_synthetic_channels_have_their_own_dynamics_and_noise() -> None:
     lag1 = (z[:, 1:] * z[:, :-1]).mean((0, 1)) / (z * z).mean((0, 1))
     np.testing.assert_allclose(lag1.numpy(), channels.rho, atol=0.03)
     np.testing.assert_allclose(noise.std((0, 1)).numpy(), channels.sigma, rtol=0.03)
+
+
+def test_progress_lines_give_the_loss_the_rate_and_the_time_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert train.main(["smoother", "--out", str(tmp_path), "--steps", "20"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert len(lines) == 10  # one per tenth of the steps
+    assert re.fullmatch(
+        r"step 20/20: loss \d\.\d{5}, validation \d\.\d{5}, \d+\.\d\d steps/s, ETA 0m00s",
+        lines[-1],
+    ), lines[-1]
