@@ -297,13 +297,6 @@ def _with_state(sequences: Any, asked: StateAsked, name: str, served: ServedInfo
     if asked.parts is None and not asked.return_state:
         return sequences
     shapes = state_shapes(served)
-    if shapes is None:
-        raise RequestError(
-            "cannot_carry_state",
-            "this server runs its models in a separate process (--workers N), which does not "
-            "carry state between requests; use a server without --workers for carried state",
-            ("state",) if asked.parts is not None else ("return_state",),
-        )  # fmt: skip
     if not shapes:
         raise RequestError(
             "cannot_carry_state",

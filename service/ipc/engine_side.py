@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from rnnserve.service import tracing
-from rnnserve.service.interface import RequestContext, Runtime, open_request
+from rnnserve.service.interface import RequestContext, Runtime, open_request, state_shapes
 from rnnserve.service.ipc.frames import (
     STREAM_LIMIT,
     Frame,
@@ -23,6 +23,7 @@ from rnnserve.service.ipc.frames import (
     progress_frame,
     read_frame,
     request_of,
+    result_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class _Connection:
             if traceparent:  # the worker's span: the batch links to it, as to a local request's
                 tracing.continue_trace(traceparent)
             out = await self.runtime.infer(name, sequences)
-            reply = Frame(Op.RESULT, frame.id, ints=out.lengths, rows=out.data)
+            reply = result_frame(frame.id, out)
         except asyncio.CancelledError:
             raise  # the worker forgot this id: nothing to answer
         except Exception as exc:  # the same exception, raised again in the worker
@@ -152,6 +153,7 @@ def served_models(runtime: Runtime) -> list[dict[str, Any]]:
             "info": m.info,
             "version": m.version,
             "loaded_at": m.loaded_at,
+            "state_shapes": {part: list(dims) for part, dims in (state_shapes(m) or {}).items()},
         }
         for m in runtime.models.values()
     ]

@@ -8,25 +8,31 @@ has the surface the routes use of ``ModelRuntime`` (``get``, ``infer``, ``open_s
 flat float32 rows and their lengths cross the boundary, never JSON.
 
 A frame is a little-endian ``u32`` byte count, a fixed header (op, error code, flags, call
-id, byte counts) and three sections: a UTF-8 text (the model name, the HTTP request's
+id, byte counts) and four sections: a UTF-8 text (the model name, the HTTP request's
 ``X-Request-Id`` and the W3C ``traceparent`` of the worker's span, an error message, a JSON
-hello), an int64 array and a float32 ``[rows,
-width]`` array, sent as raw bytes. Many requests share one connection, told apart by their call
-id. The engine logs a model's failure with the HTTP request ids (as a single-process server
-does) and flags the ERROR frame :data:`LOGGED`, so the worker does not log it a second time:
+hello), an int64 array, a float32 ``[rows, width]`` array and a flat float32 array of a
+carried state's parts, sent as raw bytes. Many requests share one connection, told apart by
+their call id. The engine logs a model's failure with the HTTP request ids (as a
+single-process server does) and flags the ERROR frame :data:`LOGGED`, so the worker does not
+log it a second time:
 
 =========== ============== =============================================================
 op          direction      sections
 =========== ============== =============================================================
-HELLO       both           worker: nothing; engine: JSON ``{"pid", "models": [...]}``
+HELLO       both           worker: nothing; engine: JSON ``{"pid", "models": [...]}``, each
+                           model with its ``state_shapes`` ``{part: [dims]}``
 MODELS      engine->worker JSON ``{"models": [...]}``: a reload changed them (call id 0)
 RELOAD      worker->engine nothing: reload the model directory (``POST /admin/reload``)
 RELOADED    engine->worker JSON: what the reload did (``ReloadReport.as_json``)
 INFER       worker->engine ``model\\0request id\\0traceparent``, lengths ``[N]``,
-                           rows ``[sum T_i, F]``
+                           rows ``[sum T_i, F]``; flag :data:`RETURN_STATE`; with a start
+                           state (flag :data:`HAS_STATE`) the text goes on
+                           ``\\0state model\\0state version\\0{part: [dims]}`` and the
+                           state section holds each part ``[N, *dims]`` in that order
 STREAM      worker->engine the same; answered ACCEPTED, PROGRESS..., END (or ERROR)
 CANCEL      worker->engine nothing: the caller went away, drop the request's work
-RESULT      engine->worker lengths, output rows
+RESULT      engine->worker lengths, output rows; with a final state (:data:`HAS_STATE`)
+                           the text ``model\\0version\\0{part: [dims]}`` and its parts
 ACCEPTED    engine->worker nothing: the stream is queued
 PROGRESS    engine->worker ``(index, first step, steps)`` per piece, the pieces' rows
 END         engine->worker nothing: the stream is complete
@@ -43,17 +49,21 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import struct
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 
 from rnnserve.service.interface import (
     BatcherClosed,
+    CarriedState,
     FlatSequences,
     NonFiniteInput,
     Piece,
     QueueFull,
+    StateMismatch,
     StreamingUnavailable,
     UnknownModel,
 )
@@ -61,8 +71,11 @@ from rnnserve.service.interface import (
 log = logging.getLogger(__name__)
 
 PREFIX = struct.Struct("<I")  # bytes of the frame after the prefix
-HEADER = struct.Struct("<BBBxQIIII")  # op, code, flags, call id, text bytes, ints, rows, width
+# op, code, flags, call id, text bytes, ints, rows, width, state floats
+HEADER = struct.Struct("<BBBxQIIIII")
 LOGGED = 1  # flags of an ERROR frame: the engine logged the failure with the request ids
+RETURN_STATE = 2  # flags of an INFER or STREAM frame: answer the sequences' final state
+HAS_STATE = 4  # flags of an INFER, STREAM or RESULT frame: it carries a state
 MAX_FRAME = 2**32 - 1
 STREAM_LIMIT = 16 * 2**20  # asyncio stream buffer: big frames arrive in few reads
 
@@ -92,6 +105,7 @@ class Code(enum.IntEnum):
     STREAMING_UNAVAILABLE = 5
     BAD_FRAME = 6
     NON_FINITE = 7
+    STATE_MISMATCH = 8
 
 
 class EngineError(RuntimeError):
@@ -108,6 +122,7 @@ _CODES: dict[type[Exception], Code] = {
     BatcherClosed: Code.CLOSED,
     StreamingUnavailable: Code.STREAMING_UNAVAILABLE,
     NonFiniteInput: Code.NON_FINITE,
+    StateMismatch: Code.STATE_MISMATCH,
     FrameError: Code.BAD_FRAME,
 }
 _EXCEPTIONS: dict[Code, type[Exception]] = {
@@ -116,10 +131,12 @@ _EXCEPTIONS: dict[Code, type[Exception]] = {
     Code.CLOSED: BatcherClosed,
     Code.STREAMING_UNAVAILABLE: StreamingUnavailable,
     Code.NON_FINITE: NonFiniteInput,
+    Code.STATE_MISMATCH: StateMismatch,
 }
 
 _NO_INTS = np.empty(0, np.int64)
 _NO_ROWS = np.empty((0, 0), np.float32)
+_NO_STATE = np.empty(0, np.float32)
 
 
 # -- frames --------------------------------------------------------------------------------------
@@ -127,7 +144,8 @@ _NO_ROWS = np.empty((0, 0), np.float32)
 
 @dataclass(frozen=True, eq=False)
 class Frame:
-    """One message: ``ints`` int64 ``[n]``, ``rows`` float32 ``[rows, width]``."""
+    """One message: ``ints`` int64 ``[n]``, ``rows`` float32 ``[rows, width]``, ``state`` the
+    float32 arrays of a state's parts (decoded: one flat array of them all)."""
 
     op: Op
     id: int = 0
@@ -136,6 +154,7 @@ class Frame:
     ints: np.ndarray = field(default_factory=lambda: _NO_INTS)
     rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)
     flags: int = 0
+    state: tuple[np.ndarray, ...] = ()
 
     def buffers(self) -> list[bytes | memoryview]:
         """The encoded frame as buffers to write one after another (the arrays not copied)."""
@@ -143,7 +162,9 @@ class Frame:
         rows = np.ascontiguousarray(self.rows, dtype="<f4")
         if rows.ndim != 2:
             raise FrameError(f"rows must be [rows, width], got shape {rows.shape}")
-        size = HEADER.size + len(self.text) + ints.nbytes + rows.nbytes
+        parts = [np.ascontiguousarray(p, dtype="<f4") for p in self.state] if self.state else []
+        state_floats = sum(p.size for p in parts)
+        size = HEADER.size + len(self.text) + ints.nbytes + rows.nbytes + 4 * state_floats
         if size > MAX_FRAME:
             raise FrameError(f"frame of {size} bytes is over the {MAX_FRAME} limit")
         head = PREFIX.pack(size) + HEADER.pack(
@@ -155,6 +176,7 @@ class Frame:
             len(ints),
             rows.shape[0],
             rows.shape[1],
+            state_floats,
         )
         out: list[bytes | memoryview] = [head]
         if self.text:
@@ -163,6 +185,7 @@ class Frame:
             out.append(ints.data.cast("B"))
         if rows.nbytes:
             out.append(rows.data.cast("B"))
+        out.extend(p.reshape(-1).data.cast("B") for p in parts if p.size)
         return out
 
     def encode(self) -> bytes:
@@ -173,13 +196,14 @@ def decode(body: bytes) -> Frame:
     """A frame from its bytes after the length prefix; the arrays are views of ``body``."""
     if len(body) < HEADER.size:
         raise FrameError(f"frame of {len(body)} bytes is shorter than its header")
-    op, code, flags, call_id, n_text, n_ints, n_rows, width = HEADER.unpack_from(body)
+    op, code, flags, call_id, n_text, n_ints, n_rows, width, n_state = HEADER.unpack_from(body)
     ints_at = HEADER.size + n_text
     rows_at = ints_at + 8 * n_ints
-    if rows_at + 4 * n_rows * width != len(body):
+    state_at = rows_at + 4 * n_rows * width
+    if state_at + 4 * n_state != len(body):
         raise FrameError(
-            f"frame of {len(body)} bytes does not hold {n_text} text bytes, {n_ints} ints and "
-            f"{n_rows}x{width} floats"
+            f"frame of {len(body)} bytes does not hold {n_text} text bytes, {n_ints} ints, "
+            f"{n_rows}x{width} floats and {n_state} state floats"
         )
     try:
         kind = Op(op)
@@ -189,7 +213,8 @@ def decode(body: bytes) -> Frame:
     ints = np.frombuffer(body, "<i8", n_ints, ints_at) if n_ints else _NO_INTS
     count = n_rows * width
     flat = np.frombuffer(body, "<f4", count, rows_at) if count else np.empty(0, np.float32)
-    return Frame(kind, call_id, code, text, ints, flat.reshape(n_rows, width), flags)
+    state = (np.frombuffer(body, "<f4", n_state, state_at),) if n_state else ()
+    return Frame(kind, call_id, code, text, ints, flat.reshape(n_rows, width), flags, state)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
@@ -231,24 +256,99 @@ def request_frame(
     traceparent: str | None = None,
 ) -> Frame:
     """An INFER or STREAM frame; ``request_id``: the HTTP request's id, for the engine's log;
-    ``traceparent``: the worker's current span, ``None`` when it does not trace."""
+    ``traceparent``: the worker's current span, ``None`` when it does not trace. The
+    sequences' start state and ``return_state`` go with them."""
     text = f"{model}\0{request_id or ''}\0{traceparent or ''}"
-    return Frame(op, call_id, text=text.encode(), ints=sequences.lengths, rows=sequences.data)
+    flags = RETURN_STATE if sequences.return_state else 0
+    if sequences.state is None:
+        return Frame(op, call_id, text=text.encode(), ints=sequences.lengths,
+                     rows=sequences.data, flags=flags)  # fmt: skip
+    state = sequences.state
+    text += f"\0{_state_text(state)}"
+    return Frame(
+        op, call_id, text=text.encode(), ints=sequences.lengths, rows=sequences.data,
+        flags=flags | HAS_STATE, state=tuple(state.tensors.values()),
+    )  # fmt: skip
 
 
 def request_of(frame: Frame) -> tuple[str, str | None, str | None, FlatSequences]:
     """The model name, the HTTP request id (for the engine's log), the traceparent of the
     worker's span (the batch links to it; each ``None`` if the worker sent none) and the rows
-    of an INFER or STREAM frame."""
+    of an INFER or STREAM frame, with their start state and ``return_state``."""
     try:
-        fields = frame.text.decode().split("\0", 2)
+        fields = frame.text.decode().split("\0", 3)
         if len(fields) < 3:  # the model alone, or no traceparent: the missing ones are empty
             fields += [""] * (3 - len(fields))
-        name, request_id, traceparent = fields
-        sequences = FlatSequences(frame.rows, frame.ints)
-    except ValueError as exc:
+        name, request_id, traceparent = fields[:3]
+        state = None
+        if frame.flags & HAS_STATE:
+            if len(fields) < 4:
+                raise FrameError("a frame flagged with a state names none")
+            state = _state_of(fields[3], frame, len(frame.ints))
+        return_state = bool(frame.flags & RETURN_STATE)
+        sequences = FlatSequences(frame.rows, frame.ints, state, return_state)
+    except ValueError as exc:  # FrameError too: its message, as a FrameError
         raise FrameError(str(exc)) from None
     return name, request_id or None, traceparent or None, sequences
+
+
+def result_frame(call_id: int, out: FlatSequences) -> Frame:
+    """A RESULT frame: the output rows and, when the request asked for it, the final state."""
+    if out.state is None:
+        return Frame(Op.RESULT, call_id, ints=out.lengths, rows=out.data)
+    state = out.state
+    return Frame(
+        Op.RESULT, call_id, text=_state_text(state).encode(), ints=out.lengths, rows=out.data,
+        flags=HAS_STATE, state=tuple(state.tensors.values()),
+    )  # fmt: skip
+
+
+def result_of(frame: Frame) -> FlatSequences:
+    """The output rows of a RESULT frame, and the final state if it carries one."""
+    if not frame.flags & HAS_STATE:
+        return FlatSequences(frame.rows, frame.ints)
+    try:
+        state = _state_of(frame.text.decode(), frame, len(frame.ints))
+        return FlatSequences(frame.rows, frame.ints, state)
+    except ValueError as exc:
+        raise FrameError(str(exc)) from None
+
+
+def _state_text(state: CarriedState) -> str:
+    """``model\\0version\\0{part: [dims]}``: whose state and how its parts are laid out (the
+    dims of one sequence, in the order the parts follow one another)."""
+    shapes = {part: list(t.shape[1:]) for part, t in state.tensors.items()}
+    return f"{state.model}\0{state.version}\0{orjson.dumps(shapes).decode()}"
+
+
+def _state_of(text: str, frame: Frame, sequences: int) -> CarriedState:
+    """The state that ``text`` (:func:`_state_text`) describes, its parts views of the
+    frame's state section, each ``[sequences, *dims]``."""
+    fields = text.split("\0")
+    if len(fields) != 3:
+        raise FrameError("a state must be named by its model, version and parts")
+    model, version, layout = fields
+    try:
+        shapes = orjson.loads(layout)
+    except orjson.JSONDecodeError:
+        raise FrameError("a state's parts are not JSON") from None
+    if not isinstance(shapes, dict):
+        raise FrameError("a state's parts must be an object of part names to dims")
+    flat = frame.state[0] if frame.state else _NO_STATE
+    tensors: dict[str, np.ndarray] = {}
+    at = 0
+    for part, dims in shapes.items():
+        if not isinstance(dims, list) or not all(isinstance(d, int) and d >= 0 for d in dims):
+            raise FrameError(f"state part {part!r} has no list of dims")
+        shape = (sequences, *dims)
+        size = math.prod(shape)
+        if at + size > len(flat):
+            raise FrameError(f"the state section ends inside part {part!r}")
+        tensors[part] = flat[at : at + size].reshape(shape)
+        at += size
+    if at != len(flat):
+        raise FrameError(f"the state section holds {len(flat) - at} floats after its parts")
+    return CarriedState(model, version, tensors)
 
 
 def progress_frame(call_id: int, pieces: list[Piece]) -> Frame:

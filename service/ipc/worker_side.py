@@ -34,14 +34,15 @@ from rnnserve.service.ipc.frames import (
     progress_pieces,
     read_frame,
     request_frame,
+    result_of,
 )
 
 
 def _result_of(frame: Frame) -> Any:
-    """A RESULT frame's output rows, or a RELOADED frame's report."""
+    """A RESULT frame's output rows (and final state), or a RELOADED frame's report."""
     if frame.op == Op.RELOADED:
         return ReloadReport.from_json(orjson.loads(frame.text))
-    return FlatSequences(frame.rows, frame.ints)
+    return result_of(frame)
 
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RemoteModel:
-    """A model served by the engine, as the routes see it."""
+    """A model served by the engine, as the routes see it; ``state_shapes``: the parts of one
+    sequence's carried state and their shapes (``{}``: it carries none)."""
 
     name: str
     kind: str
@@ -57,13 +59,20 @@ class RemoteModel:
     info: dict[str, Any]
     version: str
     loaded_at: float
+    state_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def all_of(cls, served: list[dict[str, Any]]) -> dict[str, RemoteModel]:
         """The models of a HELLO or MODELS frame's list, by name."""
         return {
             m["name"]: cls(
-                m["name"], m["kind"], int(m["input_dim"]), m["info"], m["version"], m["loaded_at"]
+                m["name"],
+                m["kind"],
+                int(m["input_dim"]),
+                m["info"],
+                m["version"],
+                m["loaded_at"],
+                {part: tuple(dims) for part, dims in m.get("state_shapes", {}).items()},
             )
             for m in served
         }

@@ -7,6 +7,7 @@ cancelled, or failing; one test puts the real ModelRuntime behind the socket.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import stat
 import sys
@@ -30,11 +31,13 @@ from rnnserve.service.engine.runtime import ModelRuntime
 from rnnserve.service.http.app import create_app
 from rnnserve.service.interface import (
     BatcherClosed,
+    CarriedState,
     EngineUnavailable,
     FlatSequences,
     Piece,
     QueueFull,
     ReloadReport,
+    StateMismatch,
     StreamingUnavailable,
     UnknownModel,
     current_request,
@@ -55,6 +58,8 @@ from rnnserve.service.ipc.frames import (
     progress_pieces,
     request_frame,
     request_of,
+    result_frame,
+    result_of,
 )
 from rnnserve.service.ipc.worker_side import RemoteRuntime
 
@@ -98,9 +103,9 @@ def test_the_rows_are_not_copied_on_either_side() -> None:
     "body",
     [
         b"\x01\x00",  # shorter than the header
-        HEADER.pack(Op.INFER, 0, 0, 1, 0, 1, 2, 2) + b"\x00" * 8,  # floats missing
-        HEADER.pack(Op.INFER, 0, 0, 1, 3, 0, 0, 0) + b"abcdef",  # bytes left over
-        HEADER.pack(99, 0, 0, 1, 0, 0, 0, 0),  # unknown op
+        HEADER.pack(Op.INFER, 0, 0, 1, 0, 1, 2, 2, 0) + b"\x00" * 8,  # floats missing
+        HEADER.pack(Op.INFER, 0, 0, 1, 3, 0, 0, 0, 0) + b"abcdef",  # bytes left over
+        HEADER.pack(99, 0, 0, 1, 0, 0, 0, 0, 0),  # unknown op
     ],
 )
 def test_bad_frames_are_refused(body: bytes) -> None:
@@ -126,6 +131,7 @@ def test_progress_round_trips() -> None:
         QueueFull("smoother queue is full (1024 waiting)"),
         BatcherClosed("smoother is not accepting work"),
         StreamingUnavailable("model 'smoother' cannot stream"),
+        StateMismatch("the state was made by model 'smoother' version 'a'"),
     ],
 )
 def test_errors_come_back_as_the_same_exception(exc: Exception) -> None:
@@ -179,6 +185,89 @@ def test_a_request_frame_of_fewer_fields_reads_as_empty_ones(
 def test_a_request_frame_whose_text_is_not_utf8_is_a_frame_error() -> None:
     with pytest.raises(FrameError):
         request_of(Frame(Op.INFER, 7, text=b"\xff\0abc"))
+
+
+TRAVELLER_SHAPES = {"h": (2, 8), "c": (2, 8), "p": (2,)}
+
+
+def a_state(sequences: int, shapes: dict[str, tuple[int, ...]], seed: int = 1) -> CarriedState:
+    rng = np.random.default_rng(seed)
+    tensors = {
+        p: rng.standard_normal((sequences, *s)).astype(np.float32) for p, s in shapes.items()
+    }
+    return CarriedState("traveller", "0123456789ab", tensors)
+
+
+def assert_same_state(got: CarriedState | None, want: CarriedState) -> None:
+    assert got is not None
+    assert (got.model, got.version, list(got.tensors)) == (
+        want.model,
+        want.version,
+        list(want.tensors),
+    )
+    for part, tensor in want.tensors.items():
+        assert got.tensors[part].dtype == np.float32
+        np.testing.assert_array_equal(got.tensors[part], tensor)
+
+
+@pytest.mark.parametrize("op", [Op.INFER, Op.STREAM])
+@pytest.mark.parametrize("return_state", [False, True])
+@pytest.mark.parametrize(
+    ("lengths", "shapes"),
+    [((5,), {"s": (4,)}), ((3, 1, 7), TRAVELLER_SHAPES)],
+    ids=["one-sequence-one-part", "three-sequences-three-parts"],
+)
+def test_a_request_carries_its_start_state_and_return_state(
+    op: Op, return_state: bool, lengths: tuple[int, ...], shapes: dict[str, tuple[int, ...]]
+) -> None:
+    state = a_state(len(lengths), shapes)
+    sent = dataclasses.replace(flat(*lengths), state=state, return_state=return_state)
+    name, request_id, traceparent, got = request_of(
+        roundtrip(request_frame(op, 7, "traveller", sent, "abc", TRACEPARENT))
+    )
+    assert (name, request_id, traceparent) == ("traveller", "abc", TRACEPARENT)
+    np.testing.assert_array_equal(got.data, sent.data)
+    assert got.lengths.tolist() == list(lengths)
+    assert got.return_state is return_state
+    assert_same_state(got.state, state)
+
+
+@pytest.mark.parametrize("return_state", [False, True])
+def test_a_request_without_a_state_sends_none(return_state: bool) -> None:
+    sent = dataclasses.replace(flat(3, 2), return_state=return_state)
+    frame = roundtrip(request_frame(Op.INFER, 7, "smoother", sent, "abc", None))
+    assert frame.text == b"smoother\0abc\0"  # as before: no state fields
+    _, _, _, got = request_of(frame)
+    assert got.state is None
+    assert got.return_state is return_state
+
+
+def test_a_result_carries_the_final_state_of_each_sequence() -> None:
+    state = a_state(3, TRAVELLER_SHAPES, seed=4)
+    out = FlatSequences(np.arange(22, dtype=np.float32).reshape(11, 2), np.array([3, 1, 7]), state)
+    got = result_of(roundtrip(result_frame(9, out)))
+    np.testing.assert_array_equal(got.data, out.data)
+    assert got.lengths.tolist() == [3, 1, 7]
+    assert_same_state(got.state, state)
+
+
+def test_a_result_without_a_state_has_none() -> None:
+    out = FlatSequences(np.ones((4, 2), np.float32), np.array([4]))
+    frame = roundtrip(result_frame(9, out))
+    assert (frame.text, frame.flags, frame.state) == (b"", 0, ())
+    assert result_of(frame).state is None
+
+
+def test_a_state_whose_parts_do_not_fill_its_section_is_a_frame_error() -> None:
+    state = a_state(2, {"s": (4,)})
+    sent = dataclasses.replace(flat(3, 2), state=state)
+    good = request_frame(Op.INFER, 7, "smoother", sent)
+    short = dataclasses.replace(good, state=(state.tensors["s"][:1],))
+    with pytest.raises(FrameError, match="ends inside part 's'"):
+        request_of(roundtrip(short))
+    long = dataclasses.replace(good, state=(state.tensors["s"], np.ones(3, np.float32)))
+    with pytest.raises(FrameError, match="3 floats after"):
+        request_of(roundtrip(long))
 
 
 # -- a fake engine ------------------------------------------------------------------------------
