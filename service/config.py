@@ -220,6 +220,17 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(
         30.0, ge=0, description="On shutdown, how long queued requests may take to finish."
     )
+    max_sessions: int = Field(
+        100,
+        ge=0,
+        description="Most streaming sessions (WebSocket /models/{name}/stream) open at once per "
+        "HTTP process; one more is closed with 1013 (try again later). 0: no sessions.",
+    )
+    session_idle_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Longest a streaming session may send nothing; then it is closed (4408).",
+    )
 
     @field_validator("api_token_file")
     @classmethod

@@ -72,6 +72,18 @@ KSERVE_INFER = Endpoint(
 KSERVE_MODEL = "/v2/models/{name}"
 KSERVE_MODEL_READY = "/v2/models/{name}/ready"
 
+# a streaming session (docs/SESSIONS.md): a WebSocket whose chunks go through the same runtime
+# and the same body formats as ``INFER``'s. Not in INFERENCE: no POST, no fast path, no schema.
+STREAM = Endpoint(
+    path="/models/{name}/stream",
+    label="stream",
+    kind=None,
+    input_field=INFER.input_field,
+    output_field=INFER.output_field,
+    summary="Streaming session (WebSocket): chunks of steps in, their outputs out, the state "
+    "carried between them",
+)
+
 # the ``endpoint`` label of every other route that counts its refusals (the bearer token)
 OTHER_LABELS = {
     "/models": "models",
@@ -80,6 +92,7 @@ OTHER_LABELS = {
     KSERVE_MODEL: "v2_models",
     KSERVE_MODEL_READY: "v2_models",
     KSERVE_INFER.path: KSERVE_INFER.label,
+    STREAM.path: STREAM.label,
 }
 
 

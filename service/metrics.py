@@ -162,6 +162,27 @@ class Metrics:
             registry=r,
         )
 
+        self.sessions_open = Gauge(
+            "rnnserve_sessions_open",
+            "Streaming sessions (WebSocket) open now, by model.",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.session_chunks = Counter(
+            "rnnserve_session_chunks",
+            "Chunks of streaming sessions answered, by model and outcome: ok, or the error type.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.session_chunk_duration = Histogram(
+            "rnnserve_session_chunk_duration_seconds",
+            "Time from a session's chunk received to its outputs sent, by model.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, remembered: per request, prometheus_client's label
         checks and lock cost more than the observation itself. For label values from a small

@@ -352,6 +352,34 @@ def build() -> db.Dashboard:
             query(f"sum(rnnserve_request_bytes_in_flight{{{SEL}}})", "bytes held", "A"),
         ).min(0)
     )
+    d = d.with_panel(
+        panel(
+            next(ids),
+            "Streaming sessions",
+            "short",
+            "Streaming sessions (WebSocket /models/{name}/stream) open now, and the chunks they "
+            "sent per second, by outcome: ok, or the error type the chunk was answered with. "
+            "Beyond max_sessions open sessions a new one is closed with 1013.",
+            query(
+                or_zero(f"sum by (model) (rnnserve_sessions_open{{{SEL}}})", up),
+                "open {{model}}",
+                "A",
+            ),
+            query(
+                or_zero(
+                    f"sum by (outcome) (rate(rnnserve_session_chunks_total{{{SEL}}}[{RATE}]))",
+                    up,
+                ),
+                "chunks {{outcome}}",
+                "B",
+            ),
+            query(
+                or_zero(quantile(0.99, "rnnserve_session_chunk_duration_seconds", "model"), up),
+                "p99 chunk latency (s) {{model}}",
+                "C",
+            ),
+        ).min(0)
+    )
 
     d = d.with_row(db.Row("GPU (NVIDIA DCGM exporter)").id(next(ids)))
     d = d.with_panel(

@@ -16,11 +16,12 @@ from starlette.types import Receive, Scope, Send
 from rnnserve.service import endpoints
 from rnnserve.service.codec import bodies
 from rnnserve.service.config import Settings
-from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, Endpoint
+from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, STREAM, Endpoint
 from rnnserve.service.http import defaults, errors, kserve
 from rnnserve.service.http.auth import AUTH, bearer, check_token
 from rnnserve.service.http.inference import serve_request
 from rnnserve.service.http.responses import ErrorBody, error_response, json_response
+from rnnserve.service.http.sessions import serve_session
 from rnnserve.service.http.validation import SCHEMAS
 from rnnserve.service.interface import EngineUnavailable, RequestError, Runtime, ServedInfo
 from rnnserve.service.metrics import CONTENT_TYPE
@@ -194,3 +195,6 @@ async def serve_inference(scope: Scope, receive: Receive, send: Send) -> bool:
 
 # the Open Inference Protocol (KServe v2): its own routes, through the same runtime
 router.include_router(kserve.router)
+
+# streaming sessions (docs/SESSIONS.md): a WebSocket per client stream, through the same runtime
+router.add_api_websocket_route(STREAM.path, serve_session)

@@ -1,0 +1,414 @@
+"""Streaming sessions (docs/SESSIONS.md): one WebSocket per client stream, at
+``/models/{name}/stream``. Each chunk of steps the client sends is read as a body of
+``/models/{name}/infer`` (JSON text frames, safetensors binary frames), run by the same runtime
+and batchers as every request, starting from the state the session carries, and answered with
+its outputs; the session keeps the final state for the next chunk and gives it on request.
+
+The engine continues the state (it runs items from an initial state), so a session holds only
+the state between chunks; the runtime of ``--workers N`` carries none, and its sessions are
+refused at the handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import orjson
+from fastapi import Request, WebSocket
+from fastapi.security import HTTPAuthorizationCredentials
+
+from rnnserve.service.codec import bodies
+from rnnserve.service.codec.bodies import StateAsked
+from rnnserve.service.codec.threads import CodecPool
+from rnnserve.service.config import Settings
+from rnnserve.service.endpoints import INFER, STREAM
+from rnnserve.service.http import errors, inference, precise
+from rnnserve.service.http.auth import ByteBudget, Held, byte_budget, check_token, overloaded
+from rnnserve.service.http.validation import SCHEMAS, state_from_json, to_arrays
+from rnnserve.service.interface import (
+    CarriedState,
+    FlatSequences,
+    NonFiniteInput,
+    RequestError,
+    Runtime,
+    ServedInfo,
+    UnknownModel,
+    quote,
+    state_shapes,
+)
+from rnnserve.service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+A = TypeVar("A")
+
+# close codes (RFC 6455 and the application's 4000-4999: 4000 + the HTTP status of the error)
+NORMAL = 1000
+POLICY_VIOLATION = 1008  # no bearer token, or a wrong one
+MESSAGE_TOO_BIG = 1009  # a frame over max_request_bytes
+TRY_AGAIN_LATER = 1013  # max_sessions open already, or the server is not ready
+IDLE_TIMEOUT = 4408  # nothing came within session_idle_timeout_s
+_REASON_BYTES = 123  # the most a close frame's reason may hold (RFC 6455)
+
+# a text frame this short may be a control message: read whole before it is taken as a chunk
+_CONTROL_BYTES = 256
+
+
+def close_code(error_type: str) -> int:
+    """The close code of a session refused or ended by ``error_type``."""
+    if error_type == "unauthorized":
+        return POLICY_VIOLATION
+    if error_type == "body_too_large":
+        return MESSAGE_TOO_BIG
+    if error_type in ("not_ready", "too_many_sessions"):
+        return TRY_AGAIN_LATER
+    if error_type == "idle_timeout":
+        return IDLE_TIMEOUT
+    return 4000 + int(errors.status(error_type))
+
+
+def close_reason(error_type: str, detail: str) -> str:
+    """The close frame's reason: ``{"type": ..., "detail": ...}``, the detail shortened to fit
+    the frame."""
+    limit = len(detail)
+    while True:
+        text = orjson.dumps({"type": error_type, "detail": quote(detail, limit)}).decode()
+        if len(text.encode()) <= _REASON_BYTES or limit == 0:
+            return text
+        limit = max(limit - (len(text.encode()) - _REASON_BYTES) - 1, 0)
+
+
+class Sessions:
+    """The sessions open in this HTTP process (one event loop: no lock)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+
+
+def sessions_of(state: Any) -> Sessions:
+    try:
+        sessions: Sessions = state.sessions
+    except AttributeError:  # one per app
+        sessions = state.sessions = Sessions()
+    return sessions
+
+
+class _Ended(Exception):
+    """The session ends with this close code and reason."""
+
+    def __init__(self, error_type: str, detail: str) -> None:
+        super().__init__(detail)
+        self.type, self.detail = error_type, detail
+
+
+class _Gone(Exception):
+    """The client closed the connection or vanished."""
+
+
+async def serve_session(websocket: WebSocket, name: str) -> None:
+    """One streaming session, from the handshake to its close."""
+    await websocket.accept()
+    app_state = websocket.app.state
+    try:
+        served = _admit(websocket, name)
+    except RequestError as exc:
+        await _close(websocket, exc.type, exc.message)
+        return
+    sessions = sessions_of(app_state)
+    settings: Settings = app_state.settings
+    if sessions.open >= settings.max_sessions:
+        await _close(
+            websocket,
+            "too_many_sessions",
+            f"{sessions.open} sessions are open (max_sessions); try again later",
+        )
+        return
+    metrics: Metrics = app_state.metrics
+    gauge = metrics.child(metrics.sessions_open, name)
+    sessions.open += 1
+    gauge.inc()
+    session = _Session(websocket, name, served, settings, metrics)
+    try:
+        await session.run()
+    except _Ended as end:
+        await _close(websocket, end.type, end.detail)
+    except _Gone:
+        pass
+    finally:
+        sessions.open -= 1
+        gauge.dec()
+
+
+def _admit(websocket: WebSocket, name: str) -> ServedInfo:
+    """The served model the session streams to, once the handshake passes the token, the
+    server's readiness and the model's ability to carry state."""
+    check_token(cast(Request, websocket), _credentials(websocket), STREAM.label)
+    if not websocket.app.state.ready:
+        raise RequestError("not_ready", "the server is starting or shutting down")
+    runtime: Runtime = websocket.app.state.runtime
+    try:
+        served = runtime.get(name)
+    except UnknownModel as exc:
+        raise RequestError("unknown_model", str(exc), ("path", "name")) from None
+    shapes = state_shapes(served)
+    if shapes is None:
+        raise RequestError(
+            "cannot_carry_state",
+            "sessions need a server without --workers (its workers carry no state)",
+        )
+    if not shapes:
+        raise RequestError("cannot_carry_state", f"model '{name}' ({served.kind}) carries no state")
+    return served
+
+
+def _credentials(websocket: WebSocket) -> HTTPAuthorizationCredentials | None:
+    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip())
+
+
+async def _close(websocket: WebSocket, error_type: str, detail: str) -> None:
+    with contextlib.suppress(RuntimeError):  # closed already (the client went first)
+        await websocket.close(close_code(error_type), close_reason(error_type, detail))
+
+
+@dataclass
+class _Session:
+    websocket: WebSocket
+    name: str
+    served: ServedInfo
+    settings: Settings
+    metrics: Metrics
+    state: CarriedState | None = None
+
+    async def run(self) -> None:
+        """Answer each frame in turn until the client closes, vanishes or idles too long.
+
+        A reader task takes the frames as they come, so that a client that vanishes while its
+        chunk runs is seen at once: the chunk leaves the queue or the running batch, and the
+        session its slot."""
+        frames: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue(maxsize=1)
+        gone = asyncio.Event()
+        reader = asyncio.ensure_future(self._read(frames, gone))
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(self.settings.session_idle_timeout_s):
+                        message = await frames.get()
+                except TimeoutError:
+                    raise _Ended(
+                        "idle_timeout",
+                        f"nothing came within {self.settings.session_idle_timeout_s:g} s "
+                        "(session_idle_timeout_s)",
+                    ) from None
+                if message["type"] == "websocket.disconnect":
+                    raise _Gone
+                await self._frame(message, gone)
+        finally:
+            reader.cancel()
+
+    async def _read(
+        self, frames: asyncio.Queue[MutableMapping[str, Any]], gone: asyncio.Event
+    ) -> None:
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                gone.set()
+            await frames.put(message)
+            if gone.is_set():
+                return
+
+    async def _frame(self, message: MutableMapping[str, Any], gone: asyncio.Event) -> None:
+        binary = message.get("bytes") is not None
+        frame: bytes = message["bytes"] if binary else (message.get("text") or "").encode()
+        if len(frame) > self.settings.max_request_bytes:
+            raise _Ended(
+                "body_too_large", f"a frame is over {self.settings.max_request_bytes} bytes"
+            )
+        started = time.perf_counter()
+        if not binary and _asks_state(frame):
+            await self._send_state()
+            return
+        budget = byte_budget(self.websocket.app.state)
+        held = Held()
+        try:
+            if not budget.take(len(frame)):
+                raise overloaded(budget)
+            held.n = len(frame)
+            sequences = await self._decode(frame, binary, budget, held)
+            outputs = await self._until_gone(self._infer(sequences), gone)
+        except RequestError as exc:
+            await self._refuse(exc)
+            return
+        finally:
+            budget.give(held.n)
+        self.state = outputs.state
+        await self._send_outputs(dataclasses.replace(outputs, state=None), binary)
+        self.metrics.child(self.metrics.session_chunks, self.name, "ok").inc()
+        duration = self.metrics.child(self.metrics.session_chunk_duration, self.name)
+        duration.observe(time.perf_counter() - started)
+
+    async def _decode(
+        self, frame: bytes, binary: bool, budget: ByteBudget, held: Held
+    ) -> FlatSequences:
+        """The chunk's sequences, read as a body of ``INFER`` and checked as one, with the
+        state they start from: the session's, or the one its first chunk sends."""
+        codec: CodecPool = self.websocket.app.state.codec
+        field = STREAM.input_field
+        limits = inference._limits(self.settings)
+        ctype = bodies.SAFETENSORS if binary else bodies.JSON
+        decoded = None
+        if binary or self.settings.json_reader == "fast":
+            size = 0 if binary else len(frame)
+            decoded = await codec.run(size, bodies.decode, frame, ctype, field, limits)
+        if decoded is not None:
+            model, asked = decoded.model, decoded.state
+            sequences = decoded.sequences(self.served.input_dim, self.name)
+        else:
+            await self._hold_precise(frame, budget, codec, held)
+            schema = SCHEMAS[INFER][0]
+            model, flat = await precise.READER.read(frame, schema, field, codec)
+            asked = state_from_json(flat.state, flat.return_state)
+            width = self.served.input_dim
+            sequences = await codec.run(
+                len(frame), to_arrays, flat, field, width, limits, self.name
+            )  # fmt: skip
+        if model is not None and model != self.name:
+            raise RequestError(
+                "invalid_request",
+                f"the chunk names model '{quote(model)}' but the session streams to "
+                f"'{self.name}'; leave 'model' out",
+                ("model",),
+            )  # fmt: skip
+        return self._with_state(sequences, asked)
+
+    async def _hold_precise(
+        self, frame: bytes, budget: ByteBudget, codec: CodecPool, held: Held
+    ) -> None:
+        """Hold what the precise parse of ``frame`` may take (the JSON the fast reader
+        declined), as the HTTP path does."""
+        cost: int = await codec.run(len(frame), precise.precise_cost, frame)
+        if not budget.take(cost):
+            raise overloaded(budget)
+        held.n += cost
+
+    def _with_state(self, sequences: FlatSequences, asked: StateAsked) -> FlatSequences:
+        if asked.parts is not None:
+            if self.state is not None:
+                raise RequestError(
+                    "invalid_request",
+                    "only a session's first chunk may send a state; later chunks continue "
+                    "the state the session carries",
+                    ("state",),
+                )  # fmt: skip
+            carried = StateAsked(True, asked.model, asked.version, asked.parts, asked.binary)
+            with_state: FlatSequences = inference._with_state(
+                sequences, carried, self.name, self.served
+            )
+            return with_state
+        if self.state is None:
+            return dataclasses.replace(sequences, return_state=True)
+        carried_rows = len(next(iter(self.state.tensors.values())))
+        if len(sequences) != carried_rows:
+            raise RequestError(
+                "wrong_shape",
+                f"the chunk has {len(sequences)} sequences; the session carries "
+                f"{carried_rows} (every chunk continues the same sequences)",
+                (STREAM.input_field,),
+            )  # fmt: skip
+        return dataclasses.replace(sequences, state=self.state, return_state=True)
+
+    async def _infer(self, sequences: FlatSequences) -> FlatSequences:
+        runtime: Runtime = self.websocket.app.state.runtime
+        timeout = self.settings.request_timeout_s or None
+        try:
+            async with asyncio.timeout(timeout):
+                return await runtime.infer(self.name, sequences)
+        except TimeoutError:
+            raise RequestError(
+                "deadline_exceeded", f"the chunk took over {timeout:g} s (request_timeout_s)"
+            ) from None
+        except NonFiniteInput:
+            raise bodies.non_finite_error(sequences, STREAM.input_field) from None
+        except RequestError:
+            raise
+        except Exception as exc:
+            mapped = _runtime_error(exc)
+            if mapped is not None:
+                raise mapped from None
+            log.exception("a chunk of a session to model %s failed", self.name)
+            raise RequestError("internal", "internal server error; see the server log") from None
+
+    async def _until_gone(self, work: Awaitable[A], gone: asyncio.Event) -> A:
+        """Await ``work``; if the client vanishes first, cancel it and raise :class:`_Gone`."""
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.ensure_future(gone.wait())
+        try:
+            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise _Gone
+
+    async def _refuse(self, exc: RequestError) -> None:
+        error_type = errors.public_type(exc.type)
+        self.metrics.child(self.metrics.session_chunks, self.name, error_type).inc()
+        if error_type == "state_mismatch":  # the model changed: the carried state is void
+            raise _Ended(error_type, exc.message)
+        answer = {"error": errors.body(exc), "status": errors.status(exc.type)}
+        await self._send(orjson.dumps(answer))
+
+    async def _send_state(self) -> None:
+        state = bodies.state_json(self.state) if self.state is not None else None
+        await self._send(orjson.dumps({"state": state}, option=orjson.OPT_SERIALIZE_NUMPY))
+
+    async def _send_outputs(self, outputs: FlatSequences, binary: bool) -> None:
+        field = STREAM.output_field
+        if binary:
+            parts = bodies.encode_parts(self.name, field, outputs)
+            await self._send_bytes(b"".join(bytes(memoryview(p).cast("B")) for p in parts))
+            return
+        codec: CodecPool = self.websocket.app.state.codec
+        answer = await codec.run(
+            inference._json_bytes(outputs), bodies.encode, self.name, field, outputs, False
+        )
+        await self._send(bytes(answer))
+
+    async def _send(self, text: bytes) -> None:
+        try:
+            await self.websocket.send_text(text.decode())
+        except (RuntimeError, OSError):
+            raise _Gone from None
+
+    async def _send_bytes(self, data: bytes) -> None:
+        try:
+            await self.websocket.send_bytes(data)
+        except (RuntimeError, OSError):
+            raise _Gone from None
+
+
+def _asks_state(frame: bytes) -> bool:
+    """Whether a text frame is the control message ``{"get_state": true}``."""
+    if len(frame) > _CONTROL_BYTES or b"get_state" not in frame:
+        return False
+    try:
+        doc = orjson.loads(frame)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and doc == {"get_state": True}
+
+
+def _runtime_error(exc: Exception) -> RequestError | None:
+    for cls, (kind, _) in inference._RUNTIME_ERRORS.items():
+        if isinstance(exc, cls):
+            return RequestError(kind, str(exc))
+    return None

@@ -1,0 +1,306 @@
+"""Streaming sessions (WebSocket ``/models/{name}/stream``) against real server processes: a
+sequence sent in random chunks is answered as the whole of it is over HTTP, the state given on
+request continues on another server, the limits close sessions with their codes, and sessions
+opened and dropped leave the server's descriptors and memory as they were."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from tests.e2e.server import Server, start_server, stop
+
+pytestmark = pytest.mark.e2e
+
+TOLERANCE = 1e-5
+MODELS = ("smoother", "traveller")
+TOKEN = "session-test-token"
+
+
+def ws_url(server: Server, model: str) -> str:
+    return server.url.replace("http://", "ws://") + f"/models/{model}/stream"
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
+    first = start_server(tmp_path_factory.mktemp("a"))
+    try:
+        second = start_server(tmp_path_factory.mktemp("b"))
+    except BaseException:
+        stop(first)
+        raise
+    yield first, second
+    stop(first)
+    stop(second)
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_server(
+        tmp_path_factory.mktemp("limited"),
+        "--max-sessions", "2",
+        "--session-idle-timeout-s", "1",
+        "--max-request-bytes", "20000",
+        env={"RNNSERVE_API_TOKEN": TOKEN},
+    )  # fmt: skip
+    yield server
+    stop(server)
+
+
+def input_dim(server: Server, model: str, token: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    listed = httpx.get(f"{server.url}/models", headers=headers).json()["models"]
+    return int(next(m for m in listed if m["name"] == model)["shapes"]["input"][1])
+
+
+def whole_answer(server: Server, model: str, xs: list[np.ndarray]) -> list[np.ndarray]:
+    body = {"inputs": [x.tolist() for x in xs]}
+    answer = httpx.post(f"{server.url}/models/{model}/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return [np.asarray(o, np.float32) for o in answer.json()["outputs"]]
+
+
+def chunk(ws: ClientConnection, pieces: list[np.ndarray], **extra: Any) -> list[np.ndarray]:
+    ws.send(json.dumps({"inputs": [p.tolist() for p in pieces], **extra}))
+    answer = json.loads(ws.recv(timeout=60))
+    assert "outputs" in answer, answer
+    return [np.asarray(o, np.float32) for o in answer["outputs"]]
+
+
+def cuts(rng: np.random.Generator, length: int, pieces: int) -> list[int]:
+    inner = sorted(rng.choice(np.arange(1, length), size=pieces - 1, replace=False).tolist())
+    return [0, *inner, length]
+
+
+def stream_in_chunks(
+    ws: ClientConnection, xs: list[np.ndarray], ends: list[int], first: dict[str, Any]
+) -> list[np.ndarray]:
+    """Send ``xs`` cut at ``ends`` (the same cuts for every sequence), one chunk a piece."""
+    outs: list[list[np.ndarray]] = [[] for _ in xs]
+    for k, (a, b) in enumerate(itertools.pairwise(ends)):
+        got = chunk(ws, [x[a:b] for x in xs], **(first if k == 0 else {}))
+        for i, o in enumerate(got):
+            outs[i].append(o)
+    return [np.concatenate(o) for o in outs]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_sequence_sent_in_random_chunks_is_answered_as_the_whole(
+    servers: tuple[Server, Server], model: str
+) -> None:
+    server = servers[0]
+    rng = np.random.default_rng(11)
+    width = input_dim(server, model)
+    for n in (1, 3):
+        xs = [rng.uniform(-1, 1, (60, width)).astype(np.float32) for _ in range(n)]
+        whole = whole_answer(server, model, xs)
+        with connect(ws_url(server, model)) as ws:
+            pieces = stream_in_chunks(ws, xs, cuts(rng, 60, int(rng.integers(2, 12))), {})
+        for got, want in zip(pieces, whole, strict=True):
+            np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
+
+
+def test_binary_chunks_are_answered_in_safetensors(servers: tuple[Server, Server]) -> None:
+    from safetensors.numpy import load, save
+
+    server = servers[0]
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (30, input_dim(server, "traveller"))).astype(np.float32)
+    whole = whole_answer(server, "traveller", [x])[0]
+    outs = []
+    with connect(ws_url(server, "traveller")) as ws:
+        for a, b in ((0, 7), (7, 30)):
+            ws.send(save({"inputs": x[a:b], "lengths": np.array([b - a], np.int64)}))
+            answer = ws.recv(timeout=60)
+            assert isinstance(answer, bytes)
+            outs.append(load(answer)["outputs"])
+    np.testing.assert_allclose(np.concatenate(outs), whole, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_state_given_on_request_continues_on_another_server(
+    servers: tuple[Server, Server], model: str
+) -> None:
+    first, second = servers
+    rng = np.random.default_rng(5)
+    width = input_dim(first, model)
+    xs = [rng.uniform(-1, 1, (40, width)).astype(np.float32) for _ in range(2)]
+    whole = whole_answer(first, model, xs)
+    with connect(ws_url(first, model)) as ws:
+        head = stream_in_chunks(ws, [x[:25] for x in xs], [0, 10, 25], {})
+        ws.send(json.dumps({"get_state": True}))
+        state = json.loads(ws.recv(timeout=60))["state"]
+    assert state["model"] == model
+    assert len(state["sequences"]) == 2
+    with connect(ws_url(second, model)) as ws:
+        tail = stream_in_chunks(ws, [x[25:] for x in xs], [0, 15], {"state": state})
+    for i, want in enumerate(whole):
+        got = np.concatenate([head[i], tail[i]])
+        np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
+
+
+def test_bad_input_in_a_chunk_is_an_error_and_the_session_goes_on(
+    servers: tuple[Server, Server],
+) -> None:
+    server = servers[0]
+    width = input_dim(server, "traveller")
+    x = np.zeros((5, width), np.float32)
+    with connect(ws_url(server, "traveller")) as ws:
+        first = chunk(ws, [x])
+        ws.send(json.dumps({"inputs": [[[1.0] * (width + 1)]]}))
+        error = json.loads(ws.recv(timeout=60))
+        assert error["status"] == 422
+        assert error["error"]["type"] == "wrong_feature_count"
+        ws.send(json.dumps({"inputs": [x.tolist(), x.tolist()]}))  # the session carries one
+        error = json.loads(ws.recv(timeout=60))
+        assert error["error"]["type"] == "wrong_shape", error
+        ws.send("not json")
+        assert json.loads(ws.recv(timeout=60))["error"]["type"] == "invalid_json"
+        again = chunk(ws, [x])  # continues from the first chunk's state: not its answer again
+    assert not np.allclose(again[0], first[0], atol=TOLERANCE)
+    whole = whole_answer(server, "traveller", [np.concatenate([x, x])])[0]
+    np.testing.assert_allclose(np.concatenate([first[0], again[0]]), whole, atol=TOLERANCE)
+
+
+def closed_with(ws: ClientConnection) -> tuple[int, dict[str, Any]]:
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=30)
+    received = closed.value.rcvd
+    assert received is not None
+    return received.code, json.loads(received.reason)
+
+
+def authed() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_a_session_without_the_token_is_refused_with_1008(limited: Server) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        with connect(ws_url(limited, "traveller"), additional_headers=headers) as ws:
+            code, reason = closed_with(ws)
+        assert (code, reason["type"]) == (1008, "unauthorized")
+
+
+def test_a_session_over_max_sessions_is_closed_with_1013(limited: Server) -> None:
+    url = ws_url(limited, "traveller")
+    width = input_dim(limited, "traveller", TOKEN)
+    x = [np.zeros((2, width), np.float32)]
+    with (
+        connect(url, additional_headers=authed()) as a,
+        connect(url, additional_headers=authed()) as b,
+    ):
+        chunk(a, x)
+        chunk(b, x)  # both are open and served
+        with connect(url, additional_headers=authed()) as third:
+            code, reason = closed_with(third)
+        assert (code, reason["type"]) == (1013, "too_many_sessions")
+    for _ in range(50):  # the slots are free once the server has seen both closes
+        with connect(url, additional_headers=authed()) as again:
+            again.send(json.dumps({"inputs": [x[0].tolist()]}))
+            try:
+                answer = json.loads(again.recv(timeout=30))
+            except ConnectionClosed:
+                continue
+        assert "outputs" in answer
+        break
+    else:
+        raise AssertionError("no session was admitted after the others closed")
+
+
+def test_an_idle_session_is_closed_with_4408(limited: Server) -> None:
+    with connect(ws_url(limited, "smoother"), additional_headers=authed()) as ws:
+        code, reason = closed_with(ws)  # sends nothing; the server's timeout is 1 s
+    assert (code, reason["type"]) == (4408, "idle_timeout")
+
+
+def test_a_chunk_over_max_request_bytes_closes_with_1009(limited: Server) -> None:
+    width = input_dim(limited, "traveller", TOKEN)
+    big = [[[0.5] * width] * 1000]  # over the server's 20000 bytes
+    with connect(ws_url(limited, "traveller"), additional_headers=authed()) as ws:
+        ws.send(json.dumps({"inputs": big}))
+        code, reason = closed_with(ws)
+    assert (code, reason["type"]) == (1009, "body_too_large")
+
+
+def test_an_unknown_model_is_closed_with_4404(servers: tuple[Server, Server]) -> None:
+    with connect(ws_url(servers[0], "nope")) as ws:
+        code, reason = closed_with(ws)
+    assert (code, reason["type"]) == (4404, "unknown_model")
+
+
+def open_descriptors(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def resident_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def metric(server: Server, name: str, **labels: str) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    total = 0.0
+    for line in text.splitlines():
+        if (line.startswith(name + "{") and want in line) or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_sessions_opened_and_dropped_leave_descriptors_and_memory_as_they_were(
+    tmp_path: Path,
+) -> None:
+    server = start_server(tmp_path)
+    try:
+        pid = server.proc.pid
+        width = input_dim(server, "traveller")
+        x = np.zeros((4, width), np.float32)
+
+        def drop_sessions(count: int) -> None:
+            for i in range(count):
+                with connect(ws_url(server, "traveller"), close_timeout=0.1) as ws:
+                    if i % 2 == 0:
+                        chunk(ws, [x])
+                    else:  # a chunk sent, then gone before its answer is read
+                        ws.send(json.dumps({"inputs": [x.tolist()]}))
+                    ws.socket.close()  # vanishes: no close handshake
+
+        drop_sessions(20)  # the first sessions warm up what stays (imports, caches)
+        fds, rss = open_descriptors(pid), resident_kib(pid)
+        chunks_before = metric(server, "rnnserve_session_chunks_total", outcome="ok")
+        drop_sessions(200)
+        for _ in range(100):  # the server sees the last hang-ups a moment later
+            if metric(server, "rnnserve_sessions_open", model="traveller") == 0:
+                break
+            httpx.get(f"{server.url}/healthz")
+        assert metric(server, "rnnserve_sessions_open", model="traveller") == 0
+        assert open_descriptors(pid) <= fds + 5
+        assert resident_kib(pid) <= rss + 20 * 1024  # 200 leaked sessions would hold far more
+        chunks = metric(server, "rnnserve_session_chunks_total", outcome="ok") - chunks_before
+        assert 100 <= chunks <= 200  # each even session's chunk, and odd ones that ran
+        observed = metric(server, "rnnserve_session_chunk_duration_seconds_count")
+        assert observed >= 100
+    finally:
+        stop(server)
+
+
+def test_a_server_with_workers_refuses_sessions_at_the_handshake(tmp_path: Path) -> None:
+    server = start_server(tmp_path, "--workers", "2")
+    try:
+        with connect(ws_url(server, "traveller")) as ws:
+            code, reason = closed_with(ws)
+        assert (code, reason["type"]) == (4422, "cannot_carry_state")
+        assert "--workers" in reason["detail"]
+    finally:
+        stop(server)
