@@ -5,8 +5,8 @@ and batchers as every request, starting from the state the session carries, and 
 its outputs; the session keeps the final state for the next chunk and gives it on request.
 
 The engine continues the state (it runs items from an initial state), so a session holds only
-the state between chunks; the runtime of ``--workers N`` carries none, and its sessions are
-refused at the handshake.
+the state between chunks, in the HTTP process that serves its connection (with ``--workers N``,
+the state crosses to the engine process with each chunk, as an HTTP request's does).
 """
 
 from __future__ import annotations
@@ -156,13 +156,7 @@ def _admit(websocket: WebSocket, name: str) -> ServedInfo:
         served = runtime.get(name)
     except UnknownModel as exc:
         raise RequestError("unknown_model", str(exc), ("path", "name")) from None
-    shapes = state_shapes(served)
-    if shapes is None:
-        raise RequestError(
-            "cannot_carry_state",
-            "sessions need a server without --workers (its workers carry no state)",
-        )
-    if not shapes:
+    if not state_shapes(served):
         raise RequestError("cannot_carry_state", f"model '{name}' ({served.kind}) carries no state")
     return served
 

@@ -295,12 +295,16 @@ def test_sessions_opened_and_dropped_leave_descriptors_and_memory_as_they_were(
         stop(server)
 
 
-def test_a_server_with_workers_refuses_sessions_at_the_handshake(tmp_path: Path) -> None:
+def test_sessions_carry_the_state_on_a_server_with_workers(tmp_path: Path) -> None:
     server = start_server(tmp_path, "--workers", "2")
     try:
+        rng = np.random.default_rng(2)
+        width = input_dim(server, "traveller")
+        xs = [rng.uniform(-1, 1, (30, width)).astype(np.float32) for _ in range(2)]
+        whole = whole_answer(server, "traveller", xs)
         with connect(ws_url(server, "traveller")) as ws:
-            code, reason = closed_with(ws)
-        assert (code, reason["type"]) == (4422, "cannot_carry_state")
-        assert "--workers" in reason["detail"]
+            pieces = stream_in_chunks(ws, xs, [0, 4, 17, 30], {})
+        for got, want in zip(pieces, whole, strict=True):
+            np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
     finally:
         stop(server)
