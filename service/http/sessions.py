@@ -356,7 +356,8 @@ class _Session:
     async def _refuse(self, exc: RequestError) -> None:
         error_type = errors.public_type(exc.type)
         self.metrics.child(self.metrics.session_chunks, self.name, error_type).inc()
-        if error_type == "state_mismatch":  # the model changed: the carried state is void
+        if error_type == "state_mismatch" and self.state is not None:
+            # a reload changed the model: the state the session carries can never continue
             raise _Ended(error_type, exc.message)
         answer = {"error": errors.body(exc), "status": errors.status(exc.type)}
         await self._send(orjson.dumps(answer))

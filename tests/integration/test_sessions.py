@@ -1,0 +1,133 @@
+"""Streaming sessions in-process (Starlette's test client over the app's WebSocket route): the
+control message, what a chunk may and may not send, and the session metrics after a run."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from starlette.testclient import WebSocketTestSession
+from starlette.websockets import WebSocketDisconnect
+
+from rnnserve.service.config import Settings
+from rnnserve.service.http.app import create_app
+
+PATH = "/models/traveller/stream"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[FastAPI, TestClient]]:
+    app = create_app(Settings(max_delay_ms=1.0))
+    with TestClient(app) as client:
+        yield app, client
+
+
+def width(client: TestClient) -> int:
+    models = client.get("/models").json()["models"]
+    return int(next(m for m in models if m["name"] == "traveller")["shapes"]["input"][1])
+
+
+def send_chunk(ws: WebSocketTestSession, rows: list[list[float]], **extra: Any) -> Any:
+    ws.send_json({"inputs": [rows], **extra})
+    return ws.receive_json()
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if re.match(rf"{name}\{{{want}}} ", line) or line.startswith(f"{name}{{{want},"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_get_state_answers_null_before_the_first_chunk_then_the_models_state(
+    served: tuple[FastAPI, TestClient],
+) -> None:
+    _, client = served
+    rows = [[0.1] * width(client)] * 3
+    version = next(m for m in client.get("/models").json()["models"] if m["name"] == "traveller")
+    with client.websocket_connect(PATH) as ws:
+        ws.send_json({"get_state": True})
+        assert ws.receive_json() == {"state": None}
+        send_chunk(ws, rows)
+        ws.send_json({"get_state": True})
+        state = ws.receive_json()["state"]
+    assert (state["model"], state["version"]) == ("traveller", version["version"])
+    assert sorted(state["sequences"][0]) == ["c", "h", "p"]
+
+
+def test_a_later_chunk_may_not_send_a_state(served: tuple[FastAPI, TestClient]) -> None:
+    _, client = served
+    rows = [[0.1] * width(client)] * 3
+    with client.websocket_connect(PATH) as ws:
+        send_chunk(ws, rows)
+        ws.send_json({"get_state": True})
+        state = ws.receive_json()["state"]
+        error = send_chunk(ws, rows, state=state)
+        assert error["error"]["type"] == "invalid_request"
+        assert error["error"]["loc"] == ["state"]
+        assert "outputs" in send_chunk(ws, rows)  # still open
+
+
+def test_a_chunk_naming_another_model_is_refused(served: tuple[FastAPI, TestClient]) -> None:
+    _, client = served
+    rows = [[0.1] * width(client)] * 2
+    with client.websocket_connect(PATH) as ws:
+        error = send_chunk(ws, rows, model="smoother")
+        assert (error["status"], error["error"]["loc"]) == (422, ["model"])
+
+
+def test_a_first_state_of_another_version_is_an_error_and_the_session_stays_open(
+    served: tuple[FastAPI, TestClient],
+) -> None:
+    _, client = served
+    rows = [[0.1] * width(client)] * 2
+    with client.websocket_connect(PATH) as ws:
+        send_chunk(ws, rows)
+        ws.send_json({"get_state": True})
+        state = ws.receive_json()["state"]
+    with client.websocket_connect(PATH) as ws:
+        error = send_chunk(ws, rows, state={**state, "version": "0" * 12})
+        assert (error["status"], error["error"]["type"]) == (409, "state_mismatch")
+        assert error["error"]["loc"] == ["state", "version"]
+        assert "outputs" in send_chunk(ws, rows, state=state)
+
+
+def test_a_session_to_an_unknown_model_is_closed_with_4404(
+    served: tuple[FastAPI, TestClient],
+) -> None:
+    _, client = served
+    with (
+        client.websocket_connect("/models/nope/stream") as ws,
+        pytest.raises(WebSocketDisconnect) as closed,
+    ):
+        ws.receive_json()
+    assert closed.value.code == 4404
+
+
+def test_the_session_metrics_count_chunks_by_outcome(served: tuple[FastAPI, TestClient]) -> None:
+    _, client = served
+    before = client.get("/metrics").text
+    rows = [[0.2] * width(client)] * 4
+    with client.websocket_connect(PATH) as ws:
+        for _ in range(3):
+            send_chunk(ws, rows)
+        send_chunk(ws, [[0.2]])  # one feature: wrong_feature_count
+        during = client.get("/metrics").text
+    after = client.get("/metrics").text
+
+    def moved(text: str, name: str, **labels: str) -> float:
+        return sample(text, name, **labels) - sample(before, name, **labels)
+
+    assert sample(during, "rnnserve_sessions_open", model="traveller") == 1
+    assert sample(after, "rnnserve_sessions_open", model="traveller") == 0
+    chunks = "rnnserve_session_chunks_total"
+    assert moved(after, chunks, model="traveller", outcome="ok") == 3
+    assert moved(after, chunks, model="traveller", outcome="wrong_feature_count") == 1
+    durations = "rnnserve_session_chunk_duration_seconds_count"
+    assert moved(after, durations, model="traveller") == 3
+    assert moved(after, "rnnserve_session_chunk_duration_seconds_sum", model="traveller") > 0
