@@ -706,6 +706,50 @@ async def test_the_real_runtime_answers_the_same_through_the_socket(tmp_path: Pa
         await runtime.stop()
 
 
+async def test_a_carried_state_crosses_the_socket_both_ways(tmp_path: Path) -> None:
+    """The worker learns each model's state shapes; a sequence in two pieces, the second from
+    the first's final state, equals it whole; a state of another version is a StateMismatch."""
+    runtime = ModelRuntime(Settings(max_delay_ms=1.0))
+    await runtime.start()
+    try:
+        async with engine(tmp_path, runtime) as (_, remote):
+            for name, width in (("smoother", 16), ("traveller", 6)):
+                assert remote.get(name).state_shapes == runtime.get(name).state_shapes != {}
+                x = flat(30, 7, width=width)
+                whole = await runtime.infer(name, dataclasses.replace(x, return_state=True))
+                assert whole.state is not None
+                heads = FlatSequences.from_arrays([s[:4] for s in x])
+                tails = FlatSequences.from_arrays([s[4:] for s in x])
+                first = await remote.infer(name, dataclasses.replace(heads, return_state=True))
+                assert first.state is not None
+                assert (first.state.model, first.state.version) == (name, remote.get(name).version)
+                again = dataclasses.replace(tails, state=first.state, return_state=True)
+                second = await remote.infer(name, again)
+                rows = [np.concatenate([a, b]) for a, b in zip(first, second, strict=True)]
+                np.testing.assert_allclose(np.concatenate(rows), whole.data, atol=1e-5)
+                assert second.state is not None
+                for part, tensor in whole.state.tensors.items():
+                    np.testing.assert_allclose(second.state.tensors[part], tensor, atol=1e-5)
+                stale = dataclasses.replace(first.state, version="0" * 12)
+                with pytest.raises(StateMismatch, match="version"):
+                    await remote.infer(name, dataclasses.replace(tails, state=stale))
+            x = flat(150, 20, width=6)
+            head = FlatSequences.from_arrays([s[:9] for s in x], 6)
+            tail = FlatSequences.from_arrays([s[9:] for s in x], 6)
+            start = await remote.infer("traveller", dataclasses.replace(head, return_state=True))
+            streamed = dataclasses.replace(tail, state=start.state)
+            there = [c async for c in await remote.open_stream("traveller", streamed)]
+            here = [c async for c in await runtime.open_stream("traveller", streamed)]
+            assert [[(i, t) for i, t, _ in c] for c in there] == [
+                [(i, t) for i, t, _ in c] for c in here
+            ]
+            for a, b in zip(there, here, strict=True):
+                for (_, _, y), (_, _, z) in zip(a, b, strict=True):
+                    np.testing.assert_array_equal(y, z)
+    finally:
+        await runtime.stop()
+
+
 def test_settings_reach_the_workers_through_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
