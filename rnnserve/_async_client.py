@@ -11,12 +11,15 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+from websockets.exceptions import ConnectionClosed
 
 from rnnserve._core import (
+    GET_STATE,
     RETRY_STATUSES,
     USE_DEFAULT,
     BinaryMode,
     Chunk,
+    ConnectionFailed,
     ModelInfo,
     ProtocolError,
     Timeout,
@@ -32,9 +35,15 @@ from rnnserve._core import (
     _read_answer,
     model_path,
     read_models,
+    session_chunk,
+    session_closed,
+    session_outputs,
+    session_state,
+    session_url,
     sleep_async,
     stream_error,
 )
+from rnnserve._core import AsyncWebSockets as websocket_client
 from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, Endpoint
 
 
@@ -148,6 +157,16 @@ class AsyncClient:
         the rollout. ``timeout`` covers the whole stream.
         """
         return AsyncRolloutStream(self, _as_batch(inputs), model, self._core.deadline(timeout))
+
+    def session(self, name: str, *, state: dict[str, Any] | None = None) -> AsyncSession:
+        """A streaming session to model ``name`` (docs/SESSIONS.md), to use as a context
+        manager: each ``send`` of the next piece of each sequence answers its outputs, the
+        server carrying the state between pieces; ``get_state()`` gives that state, which
+        ``state=`` continues in a new session (on any server). The client's bearer token is
+        sent at the handshake; ``timeout`` bounds the opening."""
+        token = self._http.headers.get("authorization")
+        headers = {"Authorization": token} if token else {}
+        return AsyncSession(session_url(self.base_url, name), headers, state, self._core.timeout)
 
     async def models(self, *, timeout: Timeout = USE_DEFAULT) -> list[ModelInfo]:  # noqa: ASYNC109
         """The served models (``GET /models``)."""
@@ -305,3 +324,73 @@ class AsyncRolloutStream:
             raise stream_error(exc, self._deadline) from exc
         finally:
             await response.aclose()
+
+
+class AsyncSession:
+    """A streaming session (:meth:`AsyncClient.session`); one WebSocket, opened on entry.
+
+    Every ``send`` holds one piece of each of the session's sequences (their count is fixed by
+    the first), in the forms the other calls take, and answers the outputs in the same form.
+    An error answer raises as the HTTP call would (``BadRequest``...) and leaves the session
+    open and its state as before; a session the server closed raises the error its close code
+    says (``Overloaded`` when the server has ``max_sessions`` open)."""
+
+    def __init__(
+        self, url: str, headers: dict[str, str], state: dict[str, Any] | None, timeout: float | None
+    ) -> None:
+        self.url = url
+        self._opener = websocket_client.connect(
+            url, additional_headers=headers, open_timeout=timeout, max_size=None
+        )
+        self._ws: websocket_client.ClientConnection | None = None
+        self._state = state  # sent with the first chunk, until one is answered
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    async def __aenter__(self) -> AsyncSession:
+        try:
+            self._ws = await self._opener.__aenter__()
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionFailed(f"cannot open a session at {self.url}: {exc}") from None
+        except Exception as exc:  # websockets' handshake errors: an HTTP answer, not a session
+            raise ConnectionFailed(f"the server refused a session at {self.url}: {exc}") from None
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the session (its state is gone with it: ask ``get_state()`` first)."""
+        if self._ws is not None:
+            self._ws = None
+            await self._opener.__aexit__(None, None, None)
+
+    async def send(self, inputs: Any) -> Any:
+        """The outputs of the next piece of each sequence (one ``[T, F]`` array for a session
+        of one sequence, a list of them, or an ``[N, T, F]`` array)."""
+        batch = _as_batch(inputs)
+        answer = await self._exchange(session_chunk(batch, self._state))
+        outputs = session_outputs(answer, batch)
+        self._state = None
+        return outputs
+
+    async def get_state(self) -> dict[str, Any] | None:
+        """The state after the last piece (``None`` before the first), as ``state=`` takes it."""
+        if self._state is not None:  # not sent yet: it is still the state
+            return self._state
+        return session_state(await self._exchange(GET_STATE))
+
+    async def _exchange(self, message: str) -> str | bytes:
+        if self._ws is None:
+            raise RuntimeError("the session is not open: use it as a context manager")
+        try:
+            await self._ws.send(message)
+            return await self._ws.recv()
+        except ConnectionClosed as exc:
+            raise session_closed(exc) from None

@@ -20,8 +20,11 @@ import anyio
 import httpx
 import numpy as np
 import orjson
+import websockets.asyncio.client
+import websockets.sync.client
+from websockets.exceptions import ConnectionClosed
 
-from rnnserve.service.endpoints import INFER
+from rnnserve.service.endpoints import INFER, STREAM
 
 SAFETENSORS = "application/x-safetensors"
 JSON = "application/json"
@@ -512,6 +515,80 @@ def stream_error(exc: httpx.TransportError, deadline: _Deadline) -> RnnserveErro
     if isinstance(exc, httpx.TimeoutException):
         return deadline.exceeded("the stream was not done")
     return ConnectionFailed(f"the stream broke: {type(exc).__name__}: {exc}")
+
+
+# -- streaming sessions (docs/SESSIONS.md) -----------------------------------------------------
+
+#: The control message that asks a session for its state.
+GET_STATE = '{"get_state": true}'
+# the sessions' WebSocket client: the async source uses one, the generated client the other
+AsyncWebSockets = websockets.asyncio.client
+SyncWebSockets = websockets.sync.client
+# close codes that name no error: the session ended normally, or the server went away
+_PLAIN_CLOSES = frozenset({1000, 1001, 1012})
+# close codes of the protocol, as the HTTP status of the same refusal
+_CLOSE_STATUSES = {1008: 401, 1009: 413, 1013: 503}
+
+
+def session_url(base_url: str, name: str) -> str:
+    """The WebSocket URL of model ``name``'s sessions on the server at ``base_url``."""
+    if not name:
+        raise ValueError("a session needs a model name")
+    scheme, rest = base_url.rstrip("/").split("://", 1)
+    ws = {"http": "ws", "https": "wss"}.get(scheme, scheme)
+    return f"{ws}://{rest}" + STREAM.path.replace("{name}", quote(name, safe=""))
+
+
+def session_chunk(batch: _Batch, state: dict[str, Any] | None) -> str:
+    """A chunk's text frame: the next piece of each sequence, and the state to continue."""
+    body: dict[str, Any] = {"inputs": batch.arrays}
+    if state is not None:
+        body["state"] = state
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def session_answer(frame: str | bytes) -> dict[str, Any]:
+    """A session's answer as JSON, or the error it says (as the HTTP call would raise)."""
+    try:
+        answer = orjson.loads(frame)
+    except orjson.JSONDecodeError:
+        raise ProtocolError("a session answer that is not JSON") from None
+    if not isinstance(answer, dict):
+        raise ProtocolError("a session answer that is not a JSON object")
+    if "error" in answer:
+        error = orjson.dumps(answer["error"])
+        raise _error_from(int(answer.get("status") or 500), error, httpx.Headers())
+    return answer
+
+
+def session_outputs(frame: str | bytes, batch: _Batch) -> Any:
+    """A chunk's outputs, in the form of its inputs."""
+    answer = session_answer(frame)
+    try:
+        outs = [np.asarray(o, dtype=np.float32) for o in answer["outputs"]]
+    except (KeyError, TypeError, ValueError):
+        raise ProtocolError("a session answer without outputs") from None
+    return batch.outputs(outs)
+
+
+def session_state(frame: str | bytes) -> dict[str, Any] | None:
+    state = session_answer(frame).get("state")
+    if state is not None and not isinstance(state, dict):
+        raise ProtocolError("a session state that is not a JSON object")
+    return state
+
+
+def session_closed(exc: ConnectionClosed) -> RnnserveError:
+    """What a call on a session the server closed raises: the error its close code and reason
+    say (``Overloaded`` for too many sessions, ``BadRequest`` for a missing token or too large
+    a chunk, ``ModelNotFound``...), else ``ConnectionFailed``."""
+    closed = exc.rcvd
+    if closed is None or closed.code in _PLAIN_CLOSES:
+        return ConnectionFailed(f"the session was closed: {exc}")
+    status = _CLOSE_STATUSES.get(closed.code)
+    if status is None:
+        status = closed.code - 4000 if 4000 <= closed.code < 5000 else 500
+    return _error_from(status, closed.reason.encode(), httpx.Headers())
 
 
 # the clients' two ways to wait: the async source calls sleep_async, the generated client sleep

@@ -308,3 +308,61 @@ def test_sessions_carry_the_state_on_a_server_with_workers(tmp_path: Path) -> No
             np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
     finally:
         stop(server)
+
+
+# -- the Python client's sessions -------------------------------------------------------------
+
+
+def test_the_clients_session_streams_chunks_and_continues_from_its_state(
+    servers: tuple[Server, Server],
+) -> None:
+    from rnnserve.client import BadRequest, Client
+
+    first, second = servers
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-1, 1, (40, input_dim(first, "traveller"))).astype(np.float32)
+    with Client(first.url) as rnn:
+        whole = rnn.rollout(x)
+        with rnn.session("traveller") as session:
+            head = [session.send(x[:9]), session.send(x[9:20])]
+            with pytest.raises(BadRequest) as refused:
+                session.send(np.zeros((3, x.shape[1] + 1), np.float32))
+            assert refused.value.type == "wrong_feature_count"
+            state = session.get_state()
+    with Client(second.url) as rnn, rnn.session("traveller", state=state) as session:
+        tail = session.send(x[20:])
+    np.testing.assert_allclose(np.concatenate([*head, tail]), whole, atol=TOLERANCE, rtol=0)
+
+
+async def test_the_async_clients_session_answers_as_the_whole(
+    servers: tuple[Server, Server],
+) -> None:
+    from rnnserve.client import AsyncClient
+
+    server = servers[0]
+    rng = np.random.default_rng(4)
+    xs = rng.uniform(-1, 1, (2, 30, input_dim(server, "smoother"))).astype(np.float32)
+    async with AsyncClient(server.url) as rnn:
+        whole = await rnn.smooth(xs)
+        async with rnn.session("smoother") as session:
+            pieces = [await session.send(xs[:, a:b]) for a, b in ((0, 11), (11, 12), (12, 30))]
+    assert isinstance(pieces[0], np.ndarray)
+    assert pieces[0].shape == (2, 11, xs.shape[2])
+    np.testing.assert_allclose(np.concatenate(pieces, axis=1), whole, atol=TOLERANCE, rtol=0)
+
+
+def test_the_clients_session_raises_what_the_close_code_says(limited: Server) -> None:
+    from rnnserve.client import BadRequest, Client, Overloaded
+
+    x = np.zeros((2, input_dim(limited, "traveller", TOKEN)), np.float32)
+    with Client(limited.url) as rnn, rnn.session("traveller") as session:
+        with pytest.raises(BadRequest) as refused:
+            session.send(x)
+        assert (refused.value.status, refused.value.type) == (401, "unauthorized")
+    with Client(limited.url, headers=authed()) as rnn:
+        with rnn.session("traveller") as a, rnn.session("traveller") as b:
+            a.send(x)
+            b.send(x)
+            with rnn.session("traveller") as third, pytest.raises(Overloaded) as full:
+                third.send(x)
+        assert full.value.type == "too_many_sessions"
