@@ -155,7 +155,7 @@ class ServedInfo(Protocol):
 
 def state_shapes(served: ServedInfo) -> Mapping[str, tuple[int, ...]] | None:
     """The parts of one sequence's carried state and their shapes (``{}``: the model cannot
-    carry one); ``None`` where the runtime has no such word (another process's models)."""
+    carry one); ``None``: the served object does not say."""
     shapes: Mapping[str, tuple[int, ...]] | None = getattr(served, "state_shapes", None)
     return shapes
 

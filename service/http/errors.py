@@ -69,7 +69,7 @@ CATALOGUE: dict[str, ErrorKind] = {
         non_finite="NaN, Infinity or a number beyond float32's range",
         wrong_model_kind="a model sent to another kind's endpoint",
         cannot_stream="a streamed rollout while rollouts are scheduled in whole batches",
-        cannot_carry_state="a carried state for a model or server mode that carries none",
+        cannot_carry_state="a carried state for a model that carries none",
     ),
     **_kinds(
         431, "the request line and headers are over a configured limit",
