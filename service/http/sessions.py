@@ -350,7 +350,8 @@ class _Session:
             watcher.cancel()
         if task.done():
             return task.result()
-        task.cancel()
+        task.cancel()  # awaited: the chunk has left the batcher before the slot is free
+        await asyncio.wait((task,))  # never raises: the session's own cancel still does
         raise _Gone
 
     async def _refuse(self, exc: RequestError) -> None:

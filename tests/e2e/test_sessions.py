@@ -286,7 +286,7 @@ def test_sessions_opened_and_dropped_leave_descriptors_and_memory_as_they_were(
             httpx.get(f"{server.url}/healthz")
         assert metric(server, "rnnserve_sessions_open", model="traveller") == 0
         assert open_descriptors(pid) <= fds + 5
-        assert resident_kib(pid) <= rss + 20 * 1024  # 200 leaked sessions would hold far more
+        assert resident_kib(pid) <= rss + 8 * 1024  # uvicorn's WebSocket layer grows a little
         chunks = metric(server, "rnnserve_session_chunks_total", outcome="ok") - chunks_before
         assert 100 <= chunks <= 200  # each even session's chunk, and odd ones that ran
         observed = metric(server, "rnnserve_session_chunk_duration_seconds_count")

@@ -3,6 +3,7 @@ control message, what a chunk may and may not send, and the session metrics afte
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +15,9 @@ from starlette.testclient import WebSocketTestSession
 from starlette.websockets import WebSocketDisconnect
 
 from rnnserve.service.config import Settings
+from rnnserve.service.http import sessions
 from rnnserve.service.http.app import create_app
+from rnnserve.service.http.auth import byte_budget
 
 PATH = "/models/traveller/stream"
 
@@ -131,3 +134,20 @@ def test_the_session_metrics_count_chunks_by_outcome(served: tuple[FastAPI, Test
     durations = "rnnserve_session_chunk_duration_seconds_count"
     assert moved(after, durations, model="traveller") == 3
     assert moved(after, "rnnserve_session_chunk_duration_seconds_sum", model="traveller") > 0
+
+
+def test_closed_and_dropped_sessions_leave_nothing_behind(
+    served: tuple[FastAPI, TestClient],
+) -> None:
+    app, client = served
+    rows = [[0.3] * width(client)] * 5
+    for i in range(30):
+        with client.websocket_connect(PATH) as ws:
+            if i % 3 == 0:
+                send_chunk(ws, rows)
+            elif i % 3 == 1:  # a chunk sent, the session closed before its answer is read
+                ws.send_json({"inputs": [rows]})
+    gc.collect()
+    assert [o for o in gc.get_objects() if isinstance(o, sessions._Session)] == []
+    assert sessions.sessions_of(app.state).open == 0
+    assert byte_budget(app.state).used == 0
