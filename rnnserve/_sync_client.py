@@ -160,7 +160,7 @@ class Client:
         """
         return RolloutStream(self, _as_batch(inputs), model, self._core.deadline(timeout))
 
-    def session(self, name: str, *, state: dict[str, Any] | None = None) -> SyncSession:
+    def session(self, name: str, *, state: dict[str, Any] | None = None) -> Session:
         """A streaming session to model ``name`` (docs/SESSIONS.md), to use as a context
         manager: each ``send`` of the next piece of each sequence answers its outputs, the
         server carrying the state between pieces; ``get_state()`` gives that state, which
@@ -168,7 +168,7 @@ class Client:
         sent at the handshake; ``timeout`` bounds the opening."""
         token = self._http.headers.get("authorization")
         headers = {"Authorization": token} if token else {}
-        return SyncSession(session_url(self.base_url, name), headers, state, self._core.timeout)
+        return Session(session_url(self.base_url, name), headers, state, self._core.timeout)
 
     def models(self, *, timeout: Timeout = USE_DEFAULT) -> list[ModelInfo]:
         """The served models (``GET /models``)."""
@@ -328,7 +328,7 @@ class RolloutStream:
             response.close()
 
 
-class SyncSession:
+class Session:
     """A streaming session (:meth:`AsyncClient.session`); one WebSocket, opened on entry.
 
     Every ``send`` holds one piece of each of the session's sequences (their count is fixed by
@@ -350,7 +350,7 @@ class SyncSession:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
-    def __enter__(self) -> SyncSession:
+    def __enter__(self) -> Session:
         try:
             self._ws = self._opener.__enter__()
         except (OSError, TimeoutError) as exc:

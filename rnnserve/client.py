@@ -27,7 +27,7 @@ See docs/CLIENT.md for retries, deadlines, the binary format and errors.
 
 from __future__ import annotations
 
-from rnnserve._async_client import AsyncClient, AsyncRolloutStream
+from rnnserve._async_client import AsyncClient, AsyncRolloutStream, AsyncSession
 from rnnserve._core import (
     USE_DEFAULT,
     BadRequest,
@@ -41,12 +41,13 @@ from rnnserve._core import (
     RnnserveError,
     ServerError,
 )
-from rnnserve._sync_client import Client, RolloutStream
+from rnnserve._sync_client import Client, RolloutStream, Session
 
 __all__ = [
     "USE_DEFAULT",
     "AsyncClient",
     "AsyncRolloutStream",
+    "AsyncSession",
     "BadRequest",
     "Chunk",
     "Client",
@@ -59,4 +60,5 @@ __all__ = [
     "RnnserveError",
     "RolloutStream",
     "ServerError",
+    "Session",
 ]

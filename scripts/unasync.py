@@ -27,6 +27,7 @@ COMMAND = "scripts/unasync.py"
 RENAMES = {
     "AsyncClient": "Client",
     "AsyncRolloutStream": "RolloutStream",
+    "AsyncSession": "Session",
     "AsyncBaseTransport": "BaseTransport",
     "aclose": "close",
     "aread": "read",
