@@ -1,5 +1,12 @@
 """One inference request through the HTTP layer, step by step: admit, read, decode, choose the
-model, run, respond; and what each failure is answered with."""
+model, run, respond; and what each failure is answered with.
+
+The steps without a leading underscore (:class:`Call`, :func:`begin_call`, :func:`admit`,
+:func:`read_request_body`, :func:`choose_model`, :func:`limits_of`, :func:`carry_state`,
+:func:`refuse`, :func:`internal_error`, :func:`as_request_error`, :func:`account`,
+:func:`unless_disconnected`) are shared with the other protocols' routes (``kserve.py``, the
+Open Inference Protocol; ``sessions.py``, WebSocket sessions), so every protocol has the same
+admission, budget, limits, errors and metrics."""
 
 from __future__ import annotations
 
@@ -67,7 +74,7 @@ TIMEOUT_HEADER = "X-Request-Timeout"
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces
 
 
-def _json_bytes(outputs: Any) -> int:
+def answer_json_bytes(outputs: Any) -> int:
     """About the size of ``outputs`` written as JSON (12 bytes a number, the usual float32)."""
     data = getattr(outputs, "data", None)
     count = data.size if data is not None else sum(int(a.size) for a in outputs)
@@ -121,7 +128,7 @@ def _deadline(request: Request, started: float, default_s: float) -> float:
 
 
 @dataclass
-class _Call:
+class Call:
     """One inference request as it goes through the steps of :func:`serve_request`."""
 
     request: Request
@@ -156,11 +163,11 @@ class _Call:
         return metrics
 
 
-def _begin(request: Request, endpoint: Endpoint, path_model: str | None) -> _Call:
+def begin_call(request: Request, endpoint: Endpoint, path_model: str | None) -> Call:
     metrics: Metrics = request.app.state.metrics
     gauge = metrics.child(metrics.in_flight, endpoint.label)
     gauge.inc()
-    call = _Call(request, endpoint, path_model, gauge, model_label=endpoint.kind or "unknown")
+    call = Call(request, endpoint, path_model, gauge, model_label=endpoint.kind or "unknown")
     # this request's task and those it starts: the batchers log its failure with the id
     call.context = open_request(_request_id(request))
     call.headers[REQUEST_ID_HEADER] = call.rid
@@ -175,35 +182,35 @@ async def serve_request(
 
     ``path_model``: the model named in the path (``INFER``); the other endpoints serve the
     default model of their kind unless the body names one."""
-    call = _begin(request, endpoint, path_model)
+    call = begin_call(request, endpoint, path_model)
     try:
-        _admit(call)
+        admit(call)
         with call.trace.step("read body"):
-            body = await _read(call)
+            body = await read_request_body(call)
         with call.trace.step("decode"):
             parsed = await _decode(call, body)
-            name, served = _choose_model(call, parsed.model)
+            name, served = choose_model(call, parsed.model)
             call.sequences = await _arrays(call, body, parsed, name, served)
-            call.sequences = _with_state(call.sequences, parsed.state, name, served)
+            call.sequences = carry_state(call.sequences, parsed.state, name, served)
         return await _run(call, name)
     except (ClientGone, DeadlineExceeded, RequestError) as exc:
-        return _refuse(call, exc)
+        return refuse(call, exc)
     except Exception as exc:
-        mapped = _as_request_error(exc, call)
-        return _refuse(call, mapped) if mapped is not None else _internal(call, exc)
+        mapped = as_request_error(exc, call)
+        return refuse(call, mapped) if mapped is not None else internal_error(call, exc)
     finally:
-        _account(call)
+        account(call)
         if not call.streamed:  # a stream's span ends with the stream
             call.trace.end(call.code, call.error)
 
 
-def _admit(call: _Call) -> None:
+def admit(call: Call) -> None:
     if not call.state.ready:
         raise RequestError("not_ready", "the server is starting or shutting down")
     call.deadline = _deadline(call.request, call.started, call.state.settings.request_timeout_s)
 
 
-async def _read(call: _Call) -> bytes:
+async def read_request_body(call: Call) -> bytes:
     settings: Settings = call.state.settings
     return await read_body(
         call.request, settings.max_request_bytes, settings.body_timeout_s, call.held
@@ -221,7 +228,7 @@ class _Parsed:
     state: StateAsked = field(default_factory=StateAsked)
 
 
-def _limits(settings: Settings) -> Limits:
+def limits_of(settings: Settings) -> Limits:
     return Limits(
         settings.max_sequences_per_request,
         settings.max_sequence_length,
@@ -229,14 +236,14 @@ def _limits(settings: Settings) -> Limits:
     )
 
 
-async def _decode(call: _Call, body: bytes) -> _Parsed:
+async def _decode(call: Call, body: bytes) -> _Parsed:
     codec: CodecPool = call.state.codec  # create_app's, closed by its lifespan
     ctype = call.request.headers.get("content-type")
     field = call.endpoint.input_field
     # safetensors bodies are read in place, in far less than a hand-off to a thread costs
     json_bytes = 0 if bodies.is_safetensors(ctype) else len(body)
     settings: Settings = call.state.settings
-    limits = _limits(settings)
+    limits = limits_of(settings)
     if json_bytes and settings.json_reader == "precise":
         decoded = None
     else:
@@ -251,7 +258,7 @@ async def _decode(call: _Call, body: bytes) -> _Parsed:
     return _Parsed(name, None, flat, state_from_json(flat.state, flat.return_state))
 
 
-def _choose_model(call: _Call, name: str | None) -> tuple[str, ServedInfo]:
+def choose_model(call: Call, name: str | None) -> tuple[str, ServedInfo]:
     """The model named in the path or the body, else the endpoint's default; of the right
     kind for the endpoint."""
     if call.path_model is not None:
@@ -281,17 +288,17 @@ def _choose_model(call: _Call, name: str | None) -> tuple[str, ServedInfo]:
     return name, served
 
 
-async def _arrays(call: _Call, body: bytes, parsed: _Parsed, name: str, served: ServedInfo) -> Any:
+async def _arrays(call: Call, body: bytes, parsed: _Parsed, name: str, served: ServedInfo) -> Any:
     """The sequences, checked against the limits and the model's width."""
     if parsed.decoded is not None:
         return parsed.decoded.sequences(served.input_dim, name)
     codec: CodecPool = call.state.codec
-    limits = _limits(call.state.settings)
+    limits = limits_of(call.state.settings)
     field = call.endpoint.input_field
     return await codec.run(len(body), to_arrays, parsed.flat, field, served.input_dim, limits, name)
 
 
-def _with_state(sequences: Any, asked: StateAsked, name: str, served: ServedInfo) -> Any:
+def carry_state(sequences: Any, asked: StateAsked, name: str, served: ServedInfo) -> Any:
     """The sequences with the state they start from and whether to answer the final one,
     checked against the model (its version, its parts and their shapes)."""
     if asked.parts is None and not asked.return_state:
@@ -307,7 +314,7 @@ def _with_state(sequences: Any, asked: StateAsked, name: str, served: ServedInfo
     return dataclasses.replace(sequences, state=state, return_state=asked.return_state)
 
 
-async def _run(call: _Call, name: str) -> Response:
+async def _run(call: Call, name: str) -> Response:
     if time.perf_counter() >= call.deadline:  # reading and parsing took it all: never queued
         raise DeadlineExceeded
     runtime: Runtime = call.state.runtime
@@ -324,7 +331,7 @@ async def _run(call: _Call, name: str) -> Response:
         return await _stream(call, name)
     work = runtime.infer(name, call.sequences)
     with call.trace.engine_call():  # its task starts inside: the engine call's span is current
-        outputs = await _unless_disconnected(call.request, work, call.deadline)
+        outputs = await unless_disconnected(call.request, work, call.deadline)
     call.code = 200
     with call.trace.step("encode"):
         return await _respond(call, name, outputs, answer)
@@ -334,13 +341,13 @@ _STREAMED_OR_BINARY = (NDJSON, bodies.SAFETENSORS)  # a rollout's answers beside
 _BINARY = (bodies.SAFETENSORS,)
 
 
-def _answer_type(call: _Call) -> str:
+def _answer_type(call: Call) -> str:
     """The media type the request's ``Accept`` header asks for, of the endpoint's answers."""
     offers = _STREAMED_OR_BINARY if call.endpoint is ROLLOUT else _BINARY
     return negotiation.choose(call.request.headers.get("accept"), offers, bodies.JSON)
 
 
-async def _stream(call: _Call, name: str) -> Response:
+async def _stream(call: Call, name: str) -> Response:
     runtime: Runtime = call.state.runtime
     pieces = await runtime.open_stream(name, call.sequences)
     call.code = 200
@@ -352,7 +359,7 @@ async def _stream(call: _Call, name: str) -> Response:
     return StreamingResponse(stream, media_type=NDJSON, headers=call.headers)
 
 
-async def _respond(call: _Call, name: str, outputs: Any, media_type: str) -> Response:
+async def _respond(call: Call, name: str, outputs: Any, media_type: str) -> Response:
     out_field = call.endpoint.output_field
     if media_type == bodies.SAFETENSORS:
         parts = bodies.encode_parts(name, out_field, outputs)
@@ -361,14 +368,14 @@ async def _respond(call: _Call, name: str, outputs: Any, media_type: str) -> Res
         return response
     codec: CodecPool = call.state.codec
     answer = await codec.run(
-        _json_bytes(outputs), functools.partial(bodies.encode, view=True),
+        answer_json_bytes(outputs), functools.partial(bodies.encode, view=True),
         name, out_field, outputs, False,
     )  # fmt: skip
     return Response(answer, media_type=bodies.JSON, headers=call.headers)
 
 
 # what the runtime raises, as the client's error type; True: located where the model was named
-_RUNTIME_ERRORS: dict[type[Exception], tuple[str, bool]] = {
+RUNTIME_ERRORS: dict[type[Exception], tuple[str, bool]] = {
     UnknownModel: ("unknown_model", True),
     StreamingUnavailable: ("cannot_stream", True),
     QueueFull: ("queue_full", False),
@@ -378,9 +385,9 @@ _RUNTIME_ERRORS: dict[type[Exception], tuple[str, bool]] = {
 }
 
 
-def _as_request_error(exc: Exception, call: _Call) -> RequestError | None:
+def as_request_error(exc: Exception, call: Call) -> RequestError | None:
     """The client's error for what the runtime or the model raised; ``None``: a failure."""
-    for cls, (kind, located) in _RUNTIME_ERRORS.items():
+    for cls, (kind, located) in RUNTIME_ERRORS.items():
         if isinstance(exc, cls):
             if kind == "unknown_model":
                 call.model_label = "unknown"  # not the client's text: labels stay few
@@ -396,7 +403,7 @@ def _as_request_error(exc: Exception, call: _Call) -> RequestError | None:
     return None
 
 
-def _refuse(call: _Call, exc: ClientGone | DeadlineExceeded | RequestError) -> Response:
+def refuse(call: Call, exc: ClientGone | DeadlineExceeded | RequestError) -> Response:
     label = call.endpoint.label
     if isinstance(exc, ClientGone):
         call.code = 499  # nginx's "client closed request": nobody reads this answer
@@ -417,7 +424,7 @@ def _refuse(call: _Call, exc: ClientGone | DeadlineExceeded | RequestError) -> R
     return error_response(exc, call.headers)
 
 
-def _internal(call: _Call, exc: Exception) -> Response:
+def internal_error(call: Call, exc: Exception) -> Response:
     if not call.context.failure_logged:  # a batcher logs a model's failure once, with the ids
         log.exception("%s failed (request %s)", call.endpoint.label, call.rid)
     call.code = 500
@@ -428,7 +435,7 @@ def _internal(call: _Call, exc: Exception) -> Response:
     return error_response(failure, call.headers)
 
 
-def _account(call: _Call) -> None:
+def account(call: Call) -> None:
     # a streamed rollout's bytes are given back once it is queued (its copy is the scheduler's)
     budget_of(call.request).give(call.held.n)
     if not call.streamed:
@@ -438,7 +445,7 @@ def _account(call: _Call) -> None:
         metrics.child(metrics.request_duration, *labels).observe(time.perf_counter() - call.started)
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[A], deadline: float) -> A:
+async def unless_disconnected(request: Request, work: Awaitable[A], deadline: float) -> A:
     """Await ``work``; if the client disconnects first, cancel it (it leaves the queue or the
     running batch) and raise :class:`ClientGone`; if the deadline passes first, cancel it
     likewise and raise :class:`DeadlineExceeded`."""

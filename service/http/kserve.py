@@ -251,17 +251,17 @@ async def version_infer(
 
 async def serve(request: Request, name: str, version: str | None = None) -> Response:
     """One inference request, through the native steps with the protocol's codec."""
-    call = inference._begin(request, KSERVE_INFER, name)
+    call = inference.begin_call(request, KSERVE_INFER, name)
     try:
-        inference._admit(call)
-        model, served = inference._choose_model(call, None)  # named in the path: 404 first
+        inference.admit(call)
+        model, served = inference.choose_model(call, None)  # named in the path: 404 first
         _of_version(served, version)
         with call.trace.step("read body"):
-            body = await inference._read(call)
+            body = await inference.read_request_body(call)
         with call.trace.step("decode"):
             parsed = await _decode(call, body)
             in_name, out_name = endpoints.tensor_names(served.kind)
-            limits = inference._limits(call.state.settings)
+            limits = inference.limits_of(call.state.settings)
             seqs, layout = kserve_binary.sequences(parsed, in_name, served.input_dim, limits, model)
             call.sequences = seqs
         outputs = await _run(call, model)
@@ -270,21 +270,21 @@ async def serve(request: Request, name: str, version: str | None = None) -> Resp
             chosen = kserve_binary.chosen_outputs(parsed, tensors)
             return await _respond(call, served, parsed.id, chosen)
     except (ClientGone, DeadlineExceeded, RequestError) as exc:
-        return _as_protocol_error(inference._refuse(call, exc))
+        return _as_protocol_error(inference.refuse(call, exc))
     except Exception as exc:
-        mapped = inference._as_request_error(exc, call)
+        mapped = inference.as_request_error(exc, call)
         native = (
-            inference._refuse(call, mapped)
+            inference.refuse(call, mapped)
             if mapped is not None
-            else inference._internal(call, exc)
+            else inference.internal_error(call, exc)
         )
         return _as_protocol_error(native)
     finally:
-        inference._account(call)
+        inference.account(call)
         call.trace.end(call.code, call.error)
 
 
-async def _decode(call: inference._Call, body: bytes) -> kserve_binary.Request:
+async def _decode(call: inference.Call, body: bytes) -> kserve_binary.Request:
     request = call.request
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding != "identity":
@@ -294,19 +294,19 @@ async def _decode(call: inference._Call, body: bytes) -> kserve_binary.Request:
     return await codec.run(len(body), kserve_binary.decode_request, body, header_length)
 
 
-async def _run(call: inference._Call, model: str) -> Any:
+async def _run(call: inference.Call, model: str) -> Any:
     if time.perf_counter() >= call.deadline:  # reading and parsing took it all: never queued
         raise DeadlineExceeded
     runtime: Runtime = call.state.runtime
     call.running = True
     work = runtime.infer(model, call.sequences)
     with call.trace.engine_call():
-        outputs = await inference._unless_disconnected(call.request, work, call.deadline)
+        outputs = await inference.unless_disconnected(call.request, work, call.deadline)
     return outputs
 
 
 async def _respond(
-    call: inference._Call,
+    call: inference.Call,
     served: ServedInfo,
     rid: str | None,
     chosen: list[tuple[kserve_binary.Tensor, bool]],

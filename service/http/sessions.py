@@ -256,7 +256,7 @@ class _Session:
         state they start from: the session's, or the one its first chunk sends."""
         codec: CodecPool = self.websocket.app.state.codec
         field = STREAM.input_field
-        limits = inference._limits(self.settings)
+        limits = inference.limits_of(self.settings)
         ctype = bodies.SAFETENSORS if binary else bodies.JSON
         decoded = None
         if binary or self.settings.json_reader == "fast":
@@ -303,7 +303,7 @@ class _Session:
                     ("state",),
                 )  # fmt: skip
             carried = StateAsked(True, asked.model, asked.version, asked.parts, asked.binary)
-            with_state: FlatSequences = inference._with_state(
+            with_state: FlatSequences = inference.carry_state(
                 sequences, carried, self.name, self.served
             )
             return with_state
@@ -375,7 +375,7 @@ class _Session:
             return
         codec: CodecPool = self.websocket.app.state.codec
         answer = await codec.run(
-            inference._json_bytes(outputs), bodies.encode, self.name, field, outputs, False
+            inference.answer_json_bytes(outputs), bodies.encode, self.name, field, outputs, False
         )
         await self._send(bytes(answer))
 
@@ -404,7 +404,7 @@ def _asks_state(frame: bytes) -> bool:
 
 
 def _runtime_error(exc: Exception) -> RequestError | None:
-    for cls, (kind, _) in inference._RUNTIME_ERRORS.items():
+    for cls, (kind, _) in inference.RUNTIME_ERRORS.items():
         if isinstance(exc, cls):
             return RequestError(kind, str(exc))
     return None

@@ -589,6 +589,6 @@ async def test_only_rollouts_stream_a_smoothing_request_that_accepts_ndjson_gets
 def test_an_answers_json_size_is_estimated_at_12_bytes_a_number() -> None:
     # the estimate decides whether the answer is written on a codec thread
     arrays = [np.zeros((3, 2), np.float32), np.zeros((1, 2), np.float32)]
-    assert inference._json_bytes(FlatSequences.from_arrays(arrays)) == 12 * 8
-    assert inference._json_bytes(arrays) == 12 * 8  # a plain list of arrays too
-    assert inference._json_bytes([]) == 0
+    assert inference.answer_json_bytes(FlatSequences.from_arrays(arrays)) == 12 * 8
+    assert inference.answer_json_bytes(arrays) == 12 * 8  # a plain list of arrays too
+    assert inference.answer_json_bytes([]) == 0

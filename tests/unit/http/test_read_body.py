@@ -260,7 +260,7 @@ async def _value_after(s: float, value: int) -> int:
 
 def test_unless_disconnected_gives_the_result_with_no_deadline() -> None:
     request, _ = _receiving([])  # the client stays
-    got = asyncio.run(inference._unless_disconnected(request, _value_after(0.01, 7), math.inf))
+    got = asyncio.run(inference.unless_disconnected(request, _value_after(0.01, 7), math.inf))
     assert got == 7
 
 
@@ -278,7 +278,7 @@ def test_unless_disconnected_ends_the_work_that_lost(
         request, _ = _receiving(messages)
         work = asyncio.ensure_future(_value_after(30, 7))
         with pytest.raises(raised):
-            await inference._unless_disconnected(request, work, time.perf_counter() + due_in)
+            await inference.unless_disconnected(request, work, time.perf_counter() + due_in)
         await asyncio.sleep(0)
         return work
 
@@ -314,7 +314,7 @@ def test_unless_disconnected_gives_up_at_the_deadline_not_later() -> None:
         request, _ = _receiving([])  # the client stays
         work = asyncio.ensure_future(_value_after(0.3, 7))
         with pytest.raises(inference.DeadlineExceeded):
-            await inference._unless_disconnected(request, work, time.perf_counter() + 0.02)
+            await inference.unless_disconnected(request, work, time.perf_counter() + 0.02)
         await asyncio.sleep(0)
         return work
 
