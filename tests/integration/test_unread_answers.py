@@ -117,4 +117,3 @@ def test_a_client_that_reads_slowly_gets_the_whole_answer(
     # the connection is still good for another request
     assert rawhttp.get(rawhttp.connect(url), "/")[0] == 200
     sock.close()
-
