@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -222,11 +222,12 @@ def normal_client(url: str, stop: threading.Event, expected: bytes | None) -> li
     return latencies
 
 
-def attack(url: str, seconds: float) -> Outcomes:
-    """Every attack at once for ``seconds``, on threads of this process."""
+def attack(url: str, seconds: float, names: Sequence[str] = tuple(ATTACKS)) -> Outcomes:
+    """The attacks ``names`` (all by default) at once for ``seconds``, on threads of this
+    process."""
     stop = threading.Event()
     out = Outcomes()
-    threads = [threading.Thread(target=a, args=(url, stop, out)) for a in ATTACKS.values()]
+    threads = [threading.Thread(target=ATTACKS[n], args=(url, stop, out)) for n in names]
     for t in threads:
         t.start()
     stop.wait(seconds)
@@ -236,16 +237,18 @@ def attack(url: str, seconds: float) -> Outcomes:
     return out
 
 
-def _attack_in_child(url: str, seconds: float, answer: Connection) -> None:
-    answer.send(dict(attack(url, seconds).counts))
+def _attack_in_child(url: str, seconds: float, names: Sequence[str], answer: Connection) -> None:
+    answer.send(dict(attack(url, seconds, names).counts))
 
 
-def under_attack(url: str, seconds: float, expected: bytes) -> tuple[list[float], Outcomes]:
-    """The normal client's latencies while every attack runs for ``seconds`` in another process
-    (so that the attackers' own work does not slow the client's process)."""
+def under_attack(
+    url: str, seconds: float, expected: bytes, names: Sequence[str] = tuple(ATTACKS)
+) -> tuple[list[float], Outcomes]:
+    """The normal client's latencies while the attacks ``names`` run for ``seconds`` in another
+    process (so that the attackers' own work does not slow the client's process)."""
     receiving, sending = multiprocessing.Pipe(duplex=False)
     child = multiprocessing.get_context("fork").Process(
-        target=_attack_in_child, args=(url, seconds + 2.0, sending)
+        target=_attack_in_child, args=(url, seconds + 2.0, names, sending)
     )
     child.start()
     time.sleep(1.0)  # the attacks under way
@@ -281,14 +284,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--attacks", default=",".join(ATTACKS), help=f"comma-separated, of {', '.join(ATTACKS)}"
+    )
     args = parser.parse_args()
+    names = args.attacks.split(",")
+    if unknown := set(names) - set(ATTACKS):
+        parser.error(f"--attacks: unknown {', '.join(sorted(unknown))}")
     with tempfile.TemporaryDirectory() as folder:
         server = start_server(Path(folder), *server_args())
         try:
             expected = httpx.post(f"{server.url}/smooth", json=NORMAL_BODY).content
             for round_ in range(args.rounds):
                 idle = alone(server.url, args.seconds, expected)
-                hostile, out = under_attack(server.url, args.seconds, expected)
+                hostile, out = under_attack(server.url, args.seconds, expected, names)
                 p50 = statistics.median(hostile) / statistics.median(idle)
                 p99 = _percentile(hostile, 99) / _percentile(idle, 99)
                 print(
@@ -298,7 +307,7 @@ def main() -> None:
                     f"p99 {1e3 * _percentile(hostile, 99):.2f} ms ({len(hostile)}); "
                     f"ratio p50 {p50:.2f}x p99 {p99:.2f}x"
                 )
-                print("  attacks:", {a: out.of(a) for a in ATTACKS})
+                print("  attacks:", {a: out.of(a) for a in names})
         finally:
             stop(server)
 
