@@ -98,8 +98,6 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "http": HeaderTimeoutProtocol,
         "limit_concurrency": settings.limit_concurrency,
         "h11_max_incomplete_event_size": settings.max_request_head_bytes,
-        # a session's chunk may be as large as a request body (uvicorn's own limit: 16 MiB)
-        "ws_max_size": settings.max_request_bytes,
     }
 
 

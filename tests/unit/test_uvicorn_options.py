@@ -9,11 +9,9 @@ from rnnserve.service.http.protocol import HeaderTimeoutProtocol
 
 def test_the_limits_reach_uvicorn() -> None:
     settings = Settings(
-        max_request_bytes=123_456, max_request_head_bytes=4096, limit_concurrency=7,
-        drain_timeout_s=2.5,
+        max_request_head_bytes=4096, limit_concurrency=7, drain_timeout_s=2.5,
     )  # fmt: skip
     options = uvicorn_options(settings)
-    assert options["ws_max_size"] == 123_456  # a session chunk may be as large as a body
     assert options["h11_max_incomplete_event_size"] == 4096
     assert options["limit_concurrency"] == 7
     assert options["timeout_graceful_shutdown"] == 3
