@@ -3,7 +3,7 @@
 Each attack is a loop on its own thread until ``stop`` is set, repeating one kind of abuse that a
 server must survive without shutting out anyone else:
 
-- ``declared_bodies``: connections that declare 64 MiB bodies and send none of them;
+- ``declared_bodies``: connections that declare 8 MiB bodies and send none of them;
 - ``unread_answers``: requests for multi-MiB answers whose clients never read a byte;
 - ``huge_heads``: a request head of many MiB;
 - ``cut_short``: bodies broken off mid-way by a hang-up;
@@ -70,11 +70,12 @@ def _status_or_closed(sock: socket.socket) -> str:
 
 
 def declared_bodies(url: str, stop: threading.Event, out: Outcomes, count: int = 8) -> None:
-    """``count`` connections at a time declare a 64 MiB body and send nothing."""
+    """``count`` connections at a time declare 8 MiB bodies (together the whole 64 MiB budget
+    of :func:`server_args`, if declarations were held) and send nothing."""
     while not stop.is_set():
         socks = [rawhttp.connect(url, timeout_s=60) for _ in range(count)]
         for sock in socks:
-            sock.sendall(rawhttp.post_head("/smooth", 64 * MiB))
+            sock.sendall(rawhttp.post_head("/smooth", 8 * MiB))
         for sock in socks:  # answered 408 body_timeout, or still open when told to stop
             sock.settimeout(0.5)
             while not stop.is_set():

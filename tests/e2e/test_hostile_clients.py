@@ -18,7 +18,7 @@ from tests.metrics import samples, value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SECONDS = 8.0
+SECONDS = 12.0
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
@@ -37,8 +37,10 @@ def test_hostile_clients_shut_no_normal_client_out(tmp_path: Path, workers: str)
         out = outcomes[0]
         assert len(latencies) >= 10
 
+        # taken (then 408 after body_timeout_s) or refused up front (503: no room for what they
+        # declare); had declarations held the budget, the normal client would have got 503s
         assert set(out.of("declared_bodies")) <= {"408", "503"}, out.counts
-        assert out.of("declared_bodies").get("408", 0) >= 8  # held nothing, timed out
+        assert sum(out.of("declared_bodies").values()) >= 8
         assert set(out.of("huge_heads")) <= {"431", "closed"}, out.counts
         assert out.of("huge_heads").get("431", 0) >= 1
         assert set(out.of("huge_safetensors_header")) <= {"400", "503"}, out.counts
