@@ -157,7 +157,7 @@ def main() -> None:
     bin_serialise = med["binary: serialise (header + buffers, no copy)"]
     join = med["binary: join the received pieces"]
     outside_bin = join + med["binary: parse (finite check left to the model)"] + bin_serialise
-    outside_checked = join + med["binary: parse with its own finite check"] + bin_serialise
+    outside_checked = join + med["binary: parse, then the engine's finite check"] + bin_serialise
     json_write = med["json: serialise (rnnserve.service.codec.json_writer, from the flat buffer)"]
     outside_json = med["json: parse (fast path)"] + json_write
     ref = med["ref: orjson.loads"] + med["ref: orjson.dumps (numpy)"]
