@@ -6,6 +6,10 @@ little-endian data of each input whose ``parameters`` has ``binary_data_size``, 
 another in the order of ``inputs``. An answer is binary the same way for each output asked
 for with ``binary_data`` (or all, with the request's ``binary_data_output``).
 
+A carried state is the optional FP32 inputs and outputs ``state.<part>`` (``[N, *shape]``, the
+native binary format's names), tied to the model version that made it by the request's and the
+answer's ``parameters`` ``state_model`` and ``state_version``.
+
 docs/KSERVE.md says which inputs and outputs each model kind has.
 """
 
@@ -20,7 +24,8 @@ import numpy as np
 import orjson
 
 from rnnserve.service.codec import bodies
-from rnnserve.service.interface import FlatSequences, Limits, RequestError, quote
+from rnnserve.service.codec.bodies import STATE_PREFIX, StateAsked
+from rnnserve.service.interface import CarriedState, FlatSequences, Limits, RequestError, quote
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 LENGTHS = "lengths"
@@ -50,6 +55,7 @@ class Request:
     # the outputs asked for, with their own binary_data (None: the request's default); None: all
     outputs: dict[str, bool | None] | None
     binary_output: bool
+    parameters: dict[str, Any] = field(default_factory=dict)  # the request's own
 
 
 def _bad(kind: str, message: str, *loc: str | int) -> RequestError:
@@ -107,9 +113,8 @@ def decode_request(body: bytes, header_length: str | None) -> Request:
             "invalid_request",
             f"the binary data has {len(data)} bytes; the inputs' binary_data_size add to {offset}",
         )  # fmt: skip
-    return Request(
-        rid, inputs, _outputs(doc.get("outputs")), params.get("binary_data_output") is True
-    )
+    binary_output = params.get("binary_data_output") is True
+    return Request(rid, inputs, _outputs(doc.get("outputs")), binary_output, params)
 
 
 def _input(raw: dict[str, Any], i: int, data: memoryview, offset: int) -> tuple[Tensor, int]:
@@ -209,8 +214,9 @@ class Layout:
 def sequences(
     request: Request, input_name: str, input_dim: int, limits: Limits, model: str
 ) -> tuple[FlatSequences, Layout]:
-    """The request's sequences for a model taking ``input_dim`` features under ``input_name``."""
-    extra = set(request.inputs) - {input_name, LENGTHS}
+    """The request's sequences for a model taking ``input_dim`` features under ``input_name``
+    (its state inputs are :func:`state_asked`'s)."""
+    extra = {n for n in request.inputs if not n.startswith(STATE_PREFIX)} - {input_name, LENGTHS}
     if extra:
         name = quote(min(extra))
         raise _bad("unknown_field", f"model '{model}' has no input '{name}'", "inputs", name)
@@ -277,28 +283,91 @@ def _check(seqs: FlatSequences, field: str, input_dim: int, limits: Limits, mode
         raise bodies.non_finite_error(seqs, field)
 
 
+# -- the carried state ----------------------------------------------------------------------------
+
+STATE_MODEL, STATE_VERSION, RETURN_STATE = "state_model", "state_version", "return_state"
+
+
+def state_asked(request: Request) -> StateAsked:
+    """What the request asks of the carried state: the inputs ``state.<part>`` it starts from,
+    with the parameters ``state_model`` and ``state_version`` that tie them to the model
+    version that made them; the final state, when the parameter ``return_state`` is true or
+    an output ``state.<part>`` is asked for. The state itself is checked against the model by
+    the native steps (``inference.carry_state``)."""
+    return_state = _flag(request.parameters, RETURN_STATE) or any(
+        name.startswith(STATE_PREFIX) for name in request.outputs or ()
+    )
+    parts: dict[str, np.ndarray] = {}
+    for name, tensor in request.inputs.items():
+        if not name.startswith(STATE_PREFIX):
+            continue
+        if tensor.datatype != FP32:
+            raise _bad("wrong_dtype", f"input '{quote(name)}' must be FP32", "inputs", name)
+        parts[name.removeprefix(STATE_PREFIX)] = tensor.array
+    if not parts:
+        return StateAsked(return_state)
+    model = _tie(request.parameters, STATE_MODEL)
+    version = _tie(request.parameters, STATE_VERSION)
+    return StateAsked(return_state, model, version, parts, binary=True)
+
+
+def _flag(params: Mapping[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise _bad("invalid_request", f"parameter '{key}' must be true or false", "parameters", key)
+    return value
+
+
+def _tie(params: Mapping[str, Any], key: str) -> str:
+    value = params.get(key)
+    if value is None:
+        raise _bad(
+            "missing", f"parameter '{key}' is required with the state inputs", "parameters", key
+        )
+    if not isinstance(value, str):
+        raise _bad("string_type", f"parameter '{key}' must be a string", "parameters", key)
+    return value
+
+
+def state_parameters(state: CarriedState | None) -> dict[str, str] | None:
+    """An answer's ``parameters`` with a final state: the tie the next request sends back."""
+    if state is None:
+        return None
+    return {STATE_MODEL: state.model, STATE_VERSION: state.version}
+
+
 # -- the answer -----------------------------------------------------------------------------------
 
 
 def answer_tensors(outputs: FlatSequences, layout: Layout, output_name: str) -> list[Tensor]:
-    """The model's outputs in the layout its inputs came in."""
+    """The model's outputs in the layout its inputs came in, then its final state's parts
+    ``state.<part>`` ``[N, *shape]`` when it returned one."""
     data = outputs.data
     if layout.batched:
         n, width = len(outputs), data.shape[1]
         shape: tuple[int, ...] = (n, layout.steps, width)
-        return [Tensor(output_name, FP32, shape, data)]
-    lengths = np.ascontiguousarray(outputs.lengths, np.int64)
-    return [
-        Tensor(output_name, FP32, data.shape, data),
-        Tensor(LENGTHS, INT64, lengths.shape, lengths),
-    ]
+        tensors = [Tensor(output_name, FP32, shape, data)]
+    else:
+        lengths = np.ascontiguousarray(outputs.lengths, np.int64)
+        tensors = [
+            Tensor(output_name, FP32, data.shape, data),
+            Tensor(LENGTHS, INT64, lengths.shape, lengths),
+        ]
+    if outputs.state is not None:
+        for part, rows in outputs.state.tensors.items():
+            tensors.append(Tensor(STATE_PREFIX + part, FP32, tuple(rows.shape), rows))
+    return tensors
 
 
 def chosen_outputs(request: Request, tensors: list[Tensor]) -> list[tuple[Tensor, bool]]:
-    """The outputs the request asked for (all when it named none), each with whether it goes
-    as binary data."""
+    """The outputs the request asked for (all when it named none; the final state's too when
+    its ``return_state`` is true), each with whether it goes as binary data."""
     by_name = {t.name: t for t in tensors}
-    asked: Mapping[str, bool | None] = request.outputs or dict.fromkeys(by_name)
+    asked: dict[str, bool | None] = dict(request.outputs or dict.fromkeys(by_name))
+    if request.outputs and _flag(request.parameters, RETURN_STATE):
+        for name in by_name:
+            if name.startswith(STATE_PREFIX):
+                asked.setdefault(name, None)
     for name in asked:
         if name not in by_name:
             raise _bad("unknown_field", f"no output '{quote(name)}'; there are {sorted(by_name)}")
@@ -309,7 +378,11 @@ def chosen_outputs(request: Request, tensors: list[Tensor]) -> list[tuple[Tensor
 
 
 def encode_answer(
-    model: str, version: str, rid: str | None, outputs: list[tuple[Tensor, bool]]
+    model: str,
+    version: str,
+    rid: str | None,
+    outputs: list[tuple[Tensor, bool]],
+    parameters: dict[str, str] | None = None,
 ) -> tuple[list[Any], int | None]:
     """The answer's parts (to send one after another), and its JSON header's length when any
     output is binary (``None``: the answer is JSON alone)."""
@@ -330,5 +403,7 @@ def encode_answer(
     doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": entries}
     if rid is not None:
         doc["id"] = rid
+    if parameters:
+        doc["parameters"] = parameters
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     return [header, *blobs], (len(header) if blobs else None)

@@ -4,9 +4,9 @@ extension: health, metadata and inference, so that clients of that protocol (Tri
 
 An inference request takes the steps of a native one
 (:mod:`rnnserve.service.http.inference`: admission, the byte budget, the deadline, the same
-runtime and batchers, the same metrics); only its body's codec
-(:mod:`rnnserve.service.codec.kserve_binary`) and its error form, ``{"error": "..."}``, are
-the protocol's own.
+runtime and batchers, the same metrics, the same check of a carried state); only its body's
+codec (:mod:`rnnserve.service.codec.kserve_binary`) and its error form, ``{"error": "..."}``,
+are the protocol's own.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 
 from rnnserve.service import endpoints
 from rnnserve.service.codec import kserve_binary
+from rnnserve.service.codec.bodies import STATE_PREFIX
 from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import package_version
 from rnnserve.service.endpoints import KSERVE_INFER, KSERVE_MODEL, KSERVE_MODEL_READY
@@ -35,7 +36,14 @@ from rnnserve.service.http.kserve_openapi import (
 )
 from rnnserve.service.http.outcomes import ClientGone, DeadlineExceeded
 from rnnserve.service.http.responses import BuffersResponse, json_response
-from rnnserve.service.interface import RequestError, Runtime, ServedInfo, UnknownModel, quote
+from rnnserve.service.interface import (
+    RequestError,
+    Runtime,
+    ServedInfo,
+    UnknownModel,
+    quote,
+    state_shapes,
+)
 
 router = APIRouter()
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
@@ -198,22 +206,33 @@ def _model_ready(
 
 
 def metadata(m: ServedInfo) -> dict[str, Any]:
-    """A model's metadata: the batched form of its tensors (``-1``: any size); the flat form
-    (``[sum T, F]`` with ``lengths``) is described in docs/KSERVE.md."""
+    """A model's metadata: the batched form of its tensors (``-1``: any size), then, marked
+    ``"optional": true``, ``lengths`` and the carried state's parts ``state.<part>``, each an
+    input a request may leave out and an output that comes only in the flat layout or when
+    asked for; the flat form (``[sum T, F]`` with ``lengths``) is described in docs/KSERVE.md."""
     in_name, out_name = endpoints.tensor_names(m.kind)
     shapes = m.info.get("shapes", {})
     out_width = shapes.get("output", [None, None])[1] if isinstance(shapes, dict) else None
-    lengths = {"name": kserve_binary.LENGTHS, "datatype": kserve_binary.INT64, "shape": [-1]}
+    optional = [_optional(kserve_binary.LENGTHS, kserve_binary.INT64, [-1])]
+    for part, dims in (state_shapes(m) or {}).items():
+        optional.append(_optional(STATE_PREFIX + part, kserve_binary.FP32, [-1, *dims]))
     return {
         "name": m.name,
         "versions": [m.version],
         "platform": f"rnnserve_{m.kind}",
-        "inputs": [{"name": in_name, "datatype": "FP32", "shape": [-1, -1, m.input_dim]}, lengths],
+        "inputs": [
+            {"name": in_name, "datatype": "FP32", "shape": [-1, -1, m.input_dim]},
+            *optional,
+        ],
         "outputs": [
             {"name": out_name, "datatype": "FP32", "shape": [-1, -1, _size(out_width)]},
-            lengths,
+            *optional,
         ],
     }
+
+
+def _optional(name: str, datatype: str, shape: list[int]) -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": shape, "optional": True}
 
 
 def _size(width: Any) -> int:
@@ -264,11 +283,14 @@ async def serve(request: Request, name: str, version: str | None = None) -> Resp
             limits = inference.limits_of(call.state.settings)
             seqs, layout = kserve_binary.sequences(parsed, in_name, served.input_dim, limits, model)
             call.sequences = seqs
+            asked = kserve_binary.state_asked(parsed)
+            call.sequences = inference.carry_state(seqs, asked, model, served)
         outputs = await _run(call, model)
         with call.trace.step("encode"):
             tensors = kserve_binary.answer_tensors(outputs, layout, out_name)
             chosen = kserve_binary.chosen_outputs(parsed, tensors)
-            return await _respond(call, served, parsed.id, chosen)
+            params = kserve_binary.state_parameters(outputs.state)
+            return await _respond(call, served, parsed.id, chosen, params)
     except (ClientGone, DeadlineExceeded, RequestError) as exc:
         return _as_protocol_error(inference.refuse(call, exc))
     except Exception as exc:
@@ -310,11 +332,12 @@ async def _respond(
     served: ServedInfo,
     rid: str | None,
     chosen: list[tuple[kserve_binary.Tensor, bool]],
+    parameters: dict[str, str] | None,
 ) -> Response:
     codec: CodecPool = call.state.codec
     size = sum(t.array.nbytes * (1 if binary else 3) for t, binary in chosen)
     parts, header_length = await codec.run(
-        size, kserve_binary.encode_answer, served.name, served.version, rid, chosen
+        size, kserve_binary.encode_answer, served.name, served.version, rid, chosen, parameters
     )
     call.code = 200
     if header_length is None:

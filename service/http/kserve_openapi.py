@@ -19,7 +19,9 @@ class ProtocolError(BaseModel):
 
 class Tensor(BaseModel):
     name: str
-    datatype: str = Field(description="FP32 (the sequences) or INT64 (lengths)")
+    datatype: str = Field(
+        description="FP32 (the sequences, the carried state's state.<part>) or INT64 (lengths)"
+    )
     shape: list[int]
     parameters: dict[str, Any] | None = Field(
         None, description="binary_data_size: the tensor's bytes after the JSON header"
@@ -37,7 +39,11 @@ class RequestedOutput(BaseModel):
 class InferRequest(BaseModel):
     id: str | None = None
     parameters: dict[str, Any] | None = Field(
-        None, description="binary_data_output: true sends every output as binary data"
+        None,
+        description="binary_data_output: true sends every output as binary data; "
+        "return_state: true answers the final state's outputs state.<part>; state_model and "
+        "state_version: the model and version that made the state inputs state.<part> "
+        "(required with them)",
     )
     inputs: list[Tensor]
     outputs: list[RequestedOutput] | None = None
@@ -47,6 +53,11 @@ class InferResponse(BaseModel):
     model_name: str
     model_version: str | None = None
     id: str | None = None
+    parameters: dict[str, str] | None = Field(
+        None,
+        description="with a final state: state_model and state_version, for the next request "
+        "to send back with it",
+    )
     outputs: list[Tensor]
 
 
@@ -68,6 +79,11 @@ class TensorMetadata(BaseModel):
     name: str
     datatype: str
     shape: list[int]
+    optional: bool | None = Field(
+        None,
+        description="true: an input a request may leave out, an output that comes only in "
+        "the flat layout (lengths) or when asked for (the carried state's state.<part>)",
+    )
 
 
 class ModelMetadata(BaseModel):

@@ -152,3 +152,88 @@ def test_a_shape_whose_sizes_multiply_past_64_bits_is_no_empty_tensor() -> None:
     body, n = _binary({"inputs": [_entry("x", "FP32", [2**31 - 1] * 3, 0)]})
     with pytest.raises(RequestError, match="binary_data_size must be"):
         kb.decode_request(body, n)
+
+
+# -- the carried state ----------------------------------------------------------------------------
+
+TIE = {"state_model": "m", "state_version": "v1"}
+
+
+def _with(params: dict[str, Any], *tensors: kb.Tensor, outputs: Any = None) -> kb.Request:
+    return kb.Request(None, {t.name: t for t in tensors}, outputs, False, params)
+
+
+def test_state_inputs_and_their_tie_are_the_state_asked_and_not_sequences() -> None:
+    x, s = _fp32("x", (2, 3, 4)), _fp32("state.s", (2, 4))
+    request = _with({**TIE, "return_state": True}, x, s)
+    seqs, _ = kb.sequences(request, "x", 4, LIMITS, "m")  # state.s is no unknown input
+    assert len(seqs) == 2
+    asked = kb.state_asked(request)
+    assert (asked.return_state, asked.model, asked.version, asked.binary) == (True, "m", "v1", True)
+    assert list(asked.parts or {}) == ["s"]
+    np.testing.assert_array_equal(asked.parts["s"], s.array)  # type: ignore[index]
+    with pytest.raises(RequestError, match="no input 'y'"):
+        kb.sequences(_with({}, x, _fp32("y", (2,))), "x", 4, LIMITS, "m")
+
+
+@pytest.mark.parametrize(
+    ("params", "outputs", "returned"),
+    [({}, None, False), ({"return_state": True}, None, True), ({"return_state": False}, None,
+     False), ({}, {"y": None}, False), ({}, {"state.h": True}, True)],
+)  # fmt: skip
+def test_the_final_state_is_asked_by_the_parameter_or_by_naming_its_outputs(
+    params: dict[str, Any], outputs: Any, returned: bool
+) -> None:
+    asked = kb.state_asked(_with(params, _fp32("x", (1, 2, 4)), outputs=outputs))
+    assert (asked.return_state, asked.parts) == (returned, None)
+
+
+@pytest.mark.parametrize(
+    ("params", "kind", "words"),
+    [({"state_version": "v1"}, "missing", "'state_model' is required"),
+     ({"state_model": "m"}, "missing", "'state_version' is required"),
+     ({**TIE, "state_model": 3}, "string_type", "'state_model' must be a string"),
+     ({**TIE, "return_state": "true"}, "invalid_request", "true or false")],
+)  # fmt: skip
+def test_a_state_without_its_tie_or_with_bad_parameters_is_refused(
+    params: dict[str, Any], kind: str, words: str
+) -> None:
+    with pytest.raises(RequestError, match=words) as err:
+        kb.state_asked(_with(params, _fp32("x", (1, 2, 4)), _fp32("state.s", (1, 4))))
+    assert err.value.type == kind
+
+
+def test_an_int64_state_input_is_a_wrong_dtype() -> None:
+    s = kb.Tensor("state.s", "INT64", (1, 4), np.zeros((1, 4), np.int64))
+    with pytest.raises(RequestError) as err:
+        kb.state_asked(_with(TIE, _fp32("x", (1, 2, 4)), s))
+    assert err.value.type == "wrong_dtype"
+
+
+def _answer_with_state() -> FlatSequences:
+    from rnnserve.service.interface import CarriedState
+
+    h = np.arange(12, dtype=np.float32).reshape(2, 3, 2)
+    state = CarriedState("m", "v2", {"h": h, "p": np.ones((2, 2), np.float32)})
+    return FlatSequences(np.zeros((3, 1), np.float32), np.array([1, 2], np.int64), state)
+
+
+def test_the_final_state_is_named_outputs_and_its_tie_the_answers_parameters() -> None:
+    out = _answer_with_state()
+    tensors = kb.answer_tensors(out, kb.Layout(batched=False), "y")
+    assert [(t.name, t.shape) for t in tensors] == [
+        ("y", (3, 1)), ("lengths", (2,)), ("state.h", (2, 3, 2)), ("state.p", (2, 2)),
+    ]  # fmt: skip
+    request = _with({"return_state": True}, outputs={"y": False})
+    chosen = kb.chosen_outputs(request, tensors)  # named y: the state comes too, as asked
+    assert [(t.name, binary) for t, binary in chosen] == [
+        ("y", False), ("state.h", False), ("state.p", False),
+    ]  # fmt: skip
+    params = kb.state_parameters(out.state)
+    parts, _ = kb.encode_answer("m", "v2", None, chosen, params)
+    doc = orjson.loads(parts[0])
+    assert doc["parameters"] == {"state_model": "m", "state_version": "v2"}
+    assert doc["outputs"][1]["data"] == list(range(12))
+    assert kb.state_parameters(None) is None
+    plain, _ = kb.encode_answer("m", "v2", None, chosen[:1])
+    assert "parameters" not in orjson.loads(plain[0])
