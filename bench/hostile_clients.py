@@ -170,17 +170,23 @@ def slow_heads(url: str, stop: threading.Event, out: Outcomes, count: int = 8) -
 
 
 def huge_safetensors_header(url: str, stop: threading.Event, out: Outcomes) -> None:
-    """A safetensors body whose header is 16 MiB of JSON."""
+    """A safetensors body whose header is 16 MiB of JSON, sent whole by httpx (which reads
+    the answer only after sending): answered 400, or ``closed`` if the answer never reached
+    it (a reset while it was still sending)."""
     header = b'{"__metadata__": {"x": "' + b"m" * (16 * MiB) + b'"}}'
     body = struct.pack("<Q", len(header)) + header
     while not stop.is_set():
-        r = httpx.post(
-            f"{url}/smooth",
-            content=body,
-            headers={"content-type": SAFETENSORS},
-            timeout=60,
-        )
-        out.note("huge_safetensors_header", str(r.status_code))
+        try:
+            r = httpx.post(
+                f"{url}/smooth",
+                content=body,
+                headers={"content-type": SAFETENSORS},
+                timeout=60,
+            )
+        except httpx.TransportError:
+            out.note("huge_safetensors_header", "closed")
+        else:
+            out.note("huge_safetensors_header", str(r.status_code))
         stop.wait(PAUSE_S)
 
 

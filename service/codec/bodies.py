@@ -880,17 +880,29 @@ def _not_safetensors(why: str) -> RequestError:
     return RequestError("invalid_safetensors", f"body is not a safetensors file: {why}")
 
 
-def _read_header(body: bytes) -> tuple[dict[str, Any], dict[str, str], int]:
-    """The tensors' entries, the metadata and where the data starts; checked like the library."""
-    if len(body) < 8:
+def safetensors_header_length(first: bytes, body_size: int) -> int:
+    """The header length that ``first`` (the body's first bytes, 8 at least) declares, refused
+    as ``invalid_safetensors`` if the header would run past a body of ``body_size`` bytes or
+    is over :data:`MAX_SAFETENSORS_HEADER`.
+
+    The one rule for both readers of it: the decoder on the whole body, and the HTTP layer on
+    the first 8 bytes to arrive with the declared length (or the body limit) for ``body_size``,
+    so that a body the decoder would refuse is refused before the rest of it is read."""
+    if len(first) < 8:
         raise _not_safetensors("shorter than its 8-byte header length")
-    (size,) = struct.unpack_from("<Q", body)
-    if size > len(body) - 8:
+    (size,) = struct.unpack_from("<Q", first)
+    if size > body_size - 8:
         raise _not_safetensors(f"header length {size} is past the end of the body")
     if size > MAX_SAFETENSORS_HEADER:
         raise _not_safetensors(
             f"its header of {size} bytes is over the limit of {MAX_SAFETENSORS_HEADER} bytes"
         )
+    return int(size)
+
+
+def _read_header(body: bytes) -> tuple[dict[str, Any], dict[str, str], int]:
+    """The tensors' entries, the metadata and where the data starts; checked like the library."""
+    size = safetensors_header_length(body, len(body))
     try:
         header = orjson.loads(body[8 : 8 + size])
     except orjson.JSONDecodeError:

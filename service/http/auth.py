@@ -12,6 +12,7 @@ from prometheus_client import Gauge
 from starlette.requests import ClientDisconnect
 
 from rnnserve.service import endpoints
+from rnnserve.service.codec import bodies
 from rnnserve.service.http.outcomes import ClientGone
 from rnnserve.service.interface import RequestError
 from rnnserve.service.metrics import Metrics
@@ -124,13 +125,34 @@ class Held:
     n = 0
 
 
+def _native_body(request: Request) -> bool:
+    """Whether the route reads the body in the native formats (``/smooth``, ``/rollout``,
+    ``/models/{name}/infer``): the Open Inference Protocol's routes read their own."""
+    route = request.scope.get("route")  # FastAPI's routes; the fast path has none
+    if route is not None:
+        return any(getattr(route, "path", None) == e.path for e in endpoints.INFERENCE)
+    return endpoints.by_path(request.scope["path"]) is not None
+
+
+def _safetensors_bound(request: Request, declared: str, limit: int) -> int | None:
+    """The most bytes the body can have if it is a safetensors body the route decodes (its
+    declared length, else the body limit); ``None``: it is not one."""
+    if not bodies.is_safetensors(request.headers.get("content-type")):
+        return None
+    if not _native_body(request):
+        return None
+    return int(declared) if declared.isdigit() else limit
+
+
 async def read_body(request: Request, limit: int, timeout_s: float, held: Held) -> bytes:
     """The body, within ``limit`` bytes and ``timeout_s`` seconds, counted against the budget as
     it arrives. A declared length over ``limit``, or over the budget's room now, is refused
     before the client sends it; but only bytes that came are held, so clients that declare
-    large bodies and send nothing deny nobody. A body cut short (the connection closed before
-    its end: a hang-up, or a chunked body that broke off, which uvicorn answers itself) raises
-    :class:`ClientGone`."""
+    large bodies and send nothing deny nobody. A safetensors body whose first 8 bytes declare
+    a header the decoder would refuse (past the body's end, or over its limit) is refused with
+    the decoder's own error as soon as they come, not once the whole body is held. A body cut
+    short (the connection closed before its end: a hang-up, or a chunked body that broke off,
+    which uvicorn answers itself) raises :class:`ClientGone`."""
     too_big = RequestError("body_too_large", f"request body is over {limit} bytes")
     budget = budget_of(request)
     declared = request.headers.get("content-length", "")
@@ -139,7 +161,8 @@ async def read_body(request: Request, limit: int, timeout_s: float, held: Held) 
             raise too_big
         if int(declared) > budget.room():
             raise overloaded(budget)
-    chunks = []
+    header_bound = _safetensors_bound(request, declared, limit)
+    chunks: list[bytes] = []
     size = 0
     try:
         async with asyncio.timeout(timeout_s):
@@ -147,6 +170,12 @@ async def read_body(request: Request, limit: int, timeout_s: float, held: Held) 
                 size += len(chunk)
                 if size > limit:
                     raise too_big
+                if header_bound is not None and size >= 8:
+                    # before the bytes are held: a refused body takes none of the budget (the
+                    # pieces before this one are under 8 bytes, so the join copies at most 8)
+                    first = b"".join([*chunks, chunk[:8]])
+                    bodies.safetensors_header_length(first, header_bound)
+                    header_bound = None
                 if chunk:  # starlette ends with b"": a body in one piece is then not copied
                     if not budget.take(len(chunk)):
                         raise overloaded(budget)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import struct
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -13,9 +14,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from starlette.requests import Request
 
+from rnnserve.service.codec import bodies
 from rnnserve.service.http import auth, inference, outcomes, streaming
 from rnnserve.service.http.errors import status as status_of
-from rnnserve.service.interface import RequestError
+from rnnserve.service.interface import Limits, RequestError
 
 
 def _request(pieces: list[bytes], declared: int | None, limit: int = 1 << 30) -> Request:
@@ -323,3 +325,143 @@ def test_unless_disconnected_gives_up_at_the_deadline_not_later() -> None:
 
 def test_a_server_default_under_a_second_is_a_deadline_too() -> None:
     assert inference._deadline(_headers_request({}), 100.0, 0.5) == 100.5
+
+
+# -- a safetensors header length refused from the first 8 bytes --
+
+ST_LIMITS = Limits(256, 100_000, 1_000_000)
+OVER = bodies.MAX_SAFETENSORS_HEADER + 1
+
+
+def _st_request(
+    pieces: list[bytes], declared: int | None, path: str = "/smooth", route: Any = None
+) -> tuple[Request, auth.ByteBudget, list[int]]:
+    """A safetensors POST to ``path`` (``route``: the FastAPI route it went through, if any),
+    its receive() counting its calls, and the byte budget it reads against."""
+    request, budget, calls = _budgeted(pieces, declared, budget=1 << 30)
+    request.scope["path"] = path
+    request.scope["headers"].append((b"content-type", bodies.SAFETENSORS.encode()))
+    if route is not None:
+        request.scope["route"] = route
+    return request, budget, calls
+
+
+def _declaring(header_length: int, body_size: int) -> bytes:
+    """A body of ``body_size`` bytes whose first 8 declare a header of ``header_length``."""
+    return struct.pack("<Q", header_length) + b" " * (body_size - 8)
+
+
+def _decoder_error(body: bytes) -> RequestError:
+    with pytest.raises(RequestError) as err:
+        bodies.decode(body, bodies.SAFETENSORS, "sequences", ST_LIMITS)
+    return err.value
+
+
+@pytest.mark.parametrize(
+    ("header_length", "body_size"),
+    [
+        (OVER, OVER + 8),  # fits its body, one byte over the limit
+        (16 << 20, 32 << 20),  # the hostile client's, in a 32 MiB body
+        (4000, 3000),  # within the limit, past the body's end
+        (2**64 - 1, 4096),
+    ],
+)
+@pytest.mark.parametrize("first_piece", [8, 1000])
+def test_a_header_the_decoder_would_refuse_is_refused_on_its_first_8_bytes(
+    header_length: int, body_size: int, first_piece: int
+) -> None:
+    body = _declaring(header_length, body_size)
+    pieces = [body[:first_piece], body[first_piece : body_size // 2], body[body_size // 2 :]]
+    request, budget, calls = _st_request(pieces, body_size)
+    held = auth.Held()
+    with pytest.raises(RequestError) as err:
+        asyncio.run(auth.read_body(request, 64 << 20, 5.0, held))
+    # the decoder's own error, type and message, as if the whole body had been read
+    assert err.value == _decoder_error(body)
+    assert status_of(err.value.type) == 400
+    assert calls == [1]  # the rest was never read
+    assert held.n == budget.used == 0  # nor taken from the budget
+
+
+def test_a_header_length_split_over_pieces_is_read_whole_before_it_is_checked() -> None:
+    body = _declaring(OVER, 2 * OVER)
+    pieces = [body[:3], body[3:5], body[5:20], body[20:]]
+    request, budget, calls = _st_request(pieces, len(body))
+    held = auth.Held()
+    with pytest.raises(RequestError) as err:
+        asyncio.run(auth.read_body(request, 64 << 20, 5.0, held))
+    assert err.value == _decoder_error(body)
+    assert calls == [3]  # refused on the piece that completed the 8 bytes
+    assert held.n == budget.used == 5  # the two pieces before it; the caller gives them back
+
+
+def test_without_a_declared_length_the_body_limit_bounds_the_header() -> None:
+    # a chunked body: past the limit is past any body the route would take
+    limit = 1 << 20
+    body = _declaring(limit - 7, 4096)
+    request, _, calls = _st_request([body[:100], body[100:]], None)
+    with pytest.raises(RequestError) as err:
+        asyncio.run(auth.read_body(request, limit, 5.0, auth.Held()))
+    assert err.value == _decoder_error(body)
+    assert calls == [1]
+
+
+def test_without_a_declared_length_a_header_over_its_limit_is_refused_with_the_limit() -> None:
+    body = _declaring(OVER, 4 * OVER)
+    request, _, calls = _st_request([body[:100], body[100:]], None)
+    with pytest.raises(RequestError) as err:
+        asyncio.run(auth.read_body(request, 64 << 20, 5.0, auth.Held()))
+    assert err.value == _decoder_error(body)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("header_length", [bodies.MAX_SAFETENSORS_HEADER, 100])
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_header_within_the_limit_and_the_body_is_read_whole(
+    header_length: int, declared: bool
+) -> None:
+    body = _declaring(header_length, header_length + 8)  # the header is the rest of the body
+    pieces = [body[:4], body[4:9], body[9:]]
+    request, budget, _ = _st_request(pieces, len(body) if declared else None)
+    held = auth.Held()
+    assert asyncio.run(auth.read_body(request, 64 << 20, 5.0, held)) == body
+    assert held.n == budget.used == len(body)
+
+
+@pytest.mark.parametrize(
+    ("path", "route"),
+    [
+        ("/smooth", None),  # the fast path: no route in the scope
+        ("/rollout", None),
+        ("/models/m/infer", None),
+        ("/api/models/m/infer", SimpleNamespace(path="/models/{name}/infer")),  # a root_path
+    ],
+)
+def test_every_native_inference_route_refuses_early(path: str, route: Any) -> None:
+    body = _declaring(OVER, 4 * OVER)
+    request, _, calls = _st_request([body[:100], body[100:]], len(body), path, route)
+    with pytest.raises(RequestError) as err:
+        asyncio.run(auth.read_body(request, 64 << 20, 5.0, auth.Held()))
+    assert err.value.type == "invalid_safetensors"
+    assert calls == [1]
+
+
+@pytest.mark.parametrize(
+    ("path", "route", "content_type"),
+    [
+        # KServe's binary extension is its own format, whatever the content type says
+        ("/v2/models/m/infer", None, bodies.SAFETENSORS),
+        ("/v2/models/m/infer", SimpleNamespace(path="/v2/models/{name}/infer"), bodies.SAFETENSORS),
+        ("/smooth", None, "application/json"),  # JSON: its first 8 bytes are no length
+    ],
+)
+def test_bodies_not_read_as_safetensors_are_not_checked(
+    path: str, route: Any, content_type: str
+) -> None:
+    body = _declaring(OVER, 4 * OVER)
+    request, _, _ = _st_request([body[:100], body[100:]], len(body), path, route)
+    request.scope["headers"] = [
+        (k, content_type.encode() if k == b"content-type" else v)
+        for k, v in request.scope["headers"]
+    ]
+    assert asyncio.run(auth.read_body(request, 64 << 20, 5.0, auth.Held())) == body
