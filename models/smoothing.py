@@ -15,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
@@ -25,7 +26,11 @@ from rnnserve.models.kernels import (
     numba_available,
     triton_available,
 )
-from rnnserve.models.kernels.smoother_cpu import smooth_flat_numba, smooth_packed_numba
+from rnnserve.models.kernels.smoother_cpu import (
+    smooth_flat_numba,
+    smooth_mse_packed_numba,
+    smooth_packed_numba,
+)
 
 Kernel = Literal["auto", "numba", "torch", "triton"]
 
@@ -71,6 +76,21 @@ class LinearRecursion(nn.Module):
         else:
             y = self._epilogue(self._ema(kernel, data, x.batch_sizes, None))
         return PackedSequence(y, x.batch_sizes, x.sorted_indices, x.unsorted_indices)
+
+    def mse_loss(self, x: PackedSequence, target: Tensor) -> Tensor:
+        """``F.mse_loss(self(x).data, target)``, the trainer's loss, fused on the CPU.
+
+        Where ``forward`` would run the compiled training path (kernel ``"numba"``, a
+        gradient needed) and ``target`` matches the rows (same dtype, no gradient), the loss
+        is computed inside the compiled kernels with its gradients
+        (:func:`~rnnserve.models.kernels.smoother_cpu.smooth_mse_packed_numba`: the same
+        gradients, bit for bit, at a fraction of the fixed cost); elsewhere it is
+        ``F.mse_loss`` of :meth:`forward`'s output.
+        """
+        data = self._check(x)
+        if self._fuses_loss(data, target):
+            return smooth_mse_packed_numba(data, x.batch_sizes, self.alpha_smooth, self.wx, target)
+        return F.mse_loss(self(x).data, target)
 
     def forward_with_state(
         self, x: PackedSequence, state: Tensor | None = None
@@ -167,6 +187,15 @@ class LinearRecursion(nn.Module):
             return "triton"
         on_cpu = data.device.type == "cpu" and data.dtype in (torch.float32, torch.float64)
         return "numba" if on_cpu and numba_available() else "torch"
+
+    def _fuses_loss(self, data: Tensor, target: Tensor) -> bool:
+        return (
+            self._pick_kernel(data, None) == "numba"
+            and self._needs_grad(data, None)
+            and target.dtype == data.dtype
+            and target.device.type == "cpu"
+            and not target.requires_grad
+        )
 
     def _needs_grad(self, data: Tensor, init: Tensor | None) -> bool:
         return torch.is_grad_enabled() and any(

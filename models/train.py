@@ -1,13 +1,15 @@
-"""Train a model for rnnserve on synthetic data: ``python -m rnnserve.models.train KIND``.
+"""Train a model for rnnserve on synthetic data: ``rnnserve train KIND`` (or
+``python -m rnnserve.models.train KIND``).
 
 ``smoother``: multichannel denoising. Each of the ``--features`` channels is a clean AR(1) signal
 ``z_t = rho_c z_{t-1} + sqrt(1 - rho_c^2) e_t`` (unit variance; ``rho_c`` from fast to slow
 across the channels) seen through Gaussian noise of its own level ``sigma_c`` (from faint to
 strong, in another order, so the two do not line up); the target is ``tanh(z_t)``. The
 smoother learns one ``alpha`` per channel: near 0 where the signal is fast and the noise faint,
-near 1 where it is slow and the noise strong. Training runs the compiled CPU backward
-(:func:`rnnserve.models.kernels.smoother_cpu.smooth_packed_numba`), a fresh packed batch of
-random lengths each step, Adam, ``alpha`` kept in ``[0, ALPHA_MAX]`` after each step.
+near 1 where it is slow and the noise strong. Training runs the compiled CPU loss and
+gradients (:meth:`LinearRecursion.mse_loss`, the mean squared error fused into the kernels), a
+fresh packed batch of random lengths each step, Adam, ``alpha`` kept in ``[0, ALPHA_MAX]``
+after each step.
 
 ``traveller``: dead reckoning. A 2-D agent starts at the origin facing ``+x``; at each step it
 turns by ``TURN_RAD * turn_t`` and moves ``STEP * speed_t`` along its new heading. The model sees
@@ -150,7 +152,7 @@ def train_smoother(
         xs, ys = sequences(channels, random_lengths(gen, batch, length), gen)
         x, want = pack(xs), pack(ys).data
         opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(x).data, want)
+        loss = model.mse_loss(x, want)  # F.mse_loss, fused into the compiled kernels
         loss.backward()
         opt.step()
         with torch.no_grad():
@@ -529,9 +531,12 @@ ONLY_FOR = {
 }
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+PROG = "python -m rnnserve.models.train"  # ``rnnserve train`` runs main with its own name
+
+
+def parse_args(argv: Sequence[str] | None, prog: str = PROG) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m rnnserve.models.train",
+        prog=prog,
         description="Train a model on synthetic data and write a folder rnnserve serves.",
     )
     parser.add_argument("kind", choices=sorted(KIND_DEFAULTS), help="the model to train")
@@ -639,8 +644,8 @@ def main_traveller(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.kind == "smoother":
         return main_smoother(args)

@@ -23,6 +23,7 @@ with it ``s_0 = alpha * init + (1 - alpha) * x_0``, without it ``s_0 = x_0``.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -246,12 +247,101 @@ def _smooth_rows_backward(
         dwx[f] = total_w[f]
 
 
+def _smooth_mse_rows(
+    x: Any,
+    batch_sizes: Any,
+    alpha: Any,
+    wx: Any,
+    target: Any,
+    norm: Any,
+    s: Any,
+    lam: Any,
+    dx: Any,
+    dalpha: Any,
+    dwx: Any,
+) -> float:
+    # The loss sum((tanh(wx * s) - target)^2) and its gradients in one call: the recursion
+    # forward into s ([N, F] scratch), then the reverse-time adjoint of _smooth_rows_backward
+    # with dL/dy = norm * (y - target) made on the spot, y recomputed from s rather than stored.
+    # norm (the rows' dtype) is 2 / (N * F) for the mean; dx is [N, F], or [0, F] when x needs
+    # no gradient; lam is [B, F] scratch. Every gradient sum is made in _smooth_rows_backward's
+    # order, so the gradients are those of F.mse_loss through _NumbaSmootherFn bit for bit.
+    n_feat = x.shape[1]
+    n_steps = batch_sizes.shape[0]
+    keep = alpha
+    take = 1 - alpha
+    b0 = batch_sizes[0]
+    for r in range(b0):
+        for f in range(n_feat):
+            s[r, f] = x[r, f]
+    prev = 0
+    off = b0
+    for t in range(1, n_steps):
+        b = batch_sizes[t]
+        for r in range(b):
+            for f in range(n_feat):
+                s[off + r, f] = keep[f] * s[prev + r, f] + take[f] * x[off + r, f]
+        prev = off
+        off += b
+    want_dx = dx.shape[0] > 0
+    part_a = np.empty(n_feat, x.dtype)
+    part_w = np.empty(n_feat, x.dtype)
+    part_l = np.empty(n_feat, x.dtype)
+    total_a = np.zeros(n_feat, np.float64)
+    total_w = np.zeros(n_feat, np.float64)
+    total_l = np.zeros(n_feat, np.float64)
+    off = x.shape[0]
+    for t in range(n_steps - 1, -1, -1):
+        b = batch_sizes[t]
+        off -= b
+        b_next = batch_sizes[t + 1] if t + 1 < n_steps else 0
+        for f in range(n_feat):
+            part_a[f] = 0
+            part_w[f] = 0
+            part_l[f] = 0
+        # per-feature sums only: a single running total would keep the loop from vectorising
+        for r in range(b):
+            for f in range(n_feat):
+                sv = s[off + r, f]
+                yv = fast_tanh(wx[f] * sv)
+                diff = yv - target[off + r, f]
+                part_l[f] += diff * diff
+                g_pre = norm * diff * (1 - yv * yv)
+                part_w[f] += g_pre * sv
+                lam_next = lam[r, f] if r < b_next else 0
+                lam[r, f] = g_pre * wx[f] + keep[f] * lam_next
+        if t > 0:
+            prev = off - batch_sizes[t - 1]
+            for r in range(b):
+                for f in range(n_feat):
+                    part_a[f] += lam[r, f] * (s[prev + r, f] - x[off + r, f])
+            if want_dx:
+                for r in range(b):
+                    for f in range(n_feat):
+                        dx[off + r, f] = take[f] * lam[r, f]
+        elif want_dx:  # s_0 = x_0
+            for r in range(b):
+                for f in range(n_feat):
+                    dx[r, f] = lam[r, f]
+        for f in range(n_feat):
+            total_a[f] += part_a[f]
+            total_w[f] += part_w[f]
+            total_l[f] += part_l[f]
+    for f in range(n_feat):
+        dalpha[f] = total_a[f]
+        dwx[f] = total_w[f]
+    return float(total_l.sum())
+
+
 if _HAVE_NUMBA:
     _smooth_rows_compiled = numba.njit(nogil=True, boundscheck=False, error_model="numpy")(
         _smooth_rows
     )
     _smooth_rows_backward_compiled = numba.njit(nogil=True, boundscheck=False, error_model="numpy")(
         _smooth_rows_backward
+    )
+    _smooth_mse_rows_compiled = numba.njit(nogil=True, boundscheck=False, error_model="numpy")(
+        _smooth_mse_rows
     )
 
 
@@ -360,6 +450,112 @@ def smooth_packed_numba(
         data, _cast(alpha, dt), _cast(wx, dt), None if init is None else _cast(init, dt), bs
     )
     return y, final
+
+
+_scratch = threading.local()  # per thread: {dtype: rows}, see _scratch_rows
+
+
+def _scratch_rows(n_rows: int, n_feat: int, dtype: np.dtype[Any]) -> np.ndarray:
+    # The fused loss needs its s and adjoint buffers only within one call, so each thread keeps
+    # one buffer, as large as the largest batch it has seen, rather than allocating (and, for
+    # a large batch, page-faulting in) fresh rows every step. nogil kernels may run in several
+    # threads at once, hence one buffer per thread.
+    buffers: dict[np.dtype[Any], np.ndarray] = _scratch.__dict__.setdefault("rows", {})
+    size = n_rows * n_feat
+    buf = buffers.get(dtype)
+    if buf is None or buf.size < size:
+        buf = buffers[dtype] = np.empty(size, dtype)
+    return buf[:size].reshape(n_rows, n_feat)
+
+
+class _NumbaSmootherMSEFn(torch.autograd.Function):
+    """``mean((tanh(wx * s) - target)^2)`` of packed CPU rows, its gradients made in forward.
+
+    The loss is the graph's end, so its gradients are known, up to the incoming factor, as
+    soon as it is: one compiled call makes the loss and the gradients, and backward only
+    scales them. Nothing is read back in backward, so nothing is saved for it either.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, data: Tensor, alpha: Tensor, wx: Tensor, target: Tensor, batch_sizes: Tensor
+    ) -> Tensor:
+        x, bs = data.detach().numpy(), batch_sizes.numpy()
+        n_rows, n_feat = x.shape
+        b0 = int(bs[0])
+        scratch = _scratch_rows(n_rows + b0, n_feat, x.dtype)
+        dx = np.empty_like(x) if ctx.needs_input_grad[0] else _none_array(n_feat, x.dtype)
+        dalpha, dwx = np.empty(n_feat, x.dtype), np.empty(n_feat, x.dtype)
+        count = x.size
+        norm = x.dtype.type(2.0 / count)  # F.mse_loss's backward scale, in the rows' dtype
+        total = _smooth_mse_rows_compiled(
+            x,
+            bs,
+            alpha.detach().numpy(),
+            wx.detach().numpy(),
+            target.detach().numpy(),
+            norm,
+            scratch[:n_rows],
+            scratch[n_rows:],
+            dx,
+            dalpha,
+            dwx,
+        )
+        want_x, want_a, want_w = ctx.needs_input_grad[:3]
+        ctx.grads = (
+            torch.from_numpy(dx) if want_x else None,
+            torch.from_numpy(dalpha) if want_a else None,
+            torch.from_numpy(dwx) if want_w else None,
+        )
+        return torch.tensor(total / count, dtype=data.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor) -> tuple[Tensor | None, ...]:
+        if torch.is_grad_enabled():  # create_graph: the gradients are constants, refuse
+            raise RuntimeError(
+                "the fused loss's gradients are not differentiable (create_graph=True); "
+                "take F.mse_loss of the model's output for higher derivatives"
+            )
+        dx, dalpha, dwx = ctx.grads
+        scale = float(grad_loss)
+        if scale != 1.0:  # the usual loss.backward() passes 1: the gradients as they are
+            dx, dalpha, dwx = (None if g is None else g * scale for g in (dx, dalpha, dwx))
+        return dx, dalpha, dwx, None, None
+
+
+def smooth_mse_packed_numba(
+    data: Tensor, batch_sizes: Tensor, alpha: Tensor, wx: Tensor, target: Tensor
+) -> Tensor:
+    """``F.mse_loss(tanh(wx * s), target)`` over packed CPU rows (``s_0 = x_0``), fused.
+
+    The smoother's training step with its loss inside the compiled kernels: one call computes
+    the loss and the gradients of ``data``, ``alpha`` and ``wx`` (those equal F.mse_loss's
+    through :func:`smooth_packed_numba` bit for bit), and backward hands them over, so neither
+    ``y`` nor ``dL/dy`` is ever stored. ``data`` and ``target``: [N, F], the same float32 or
+    float64 dtype, contiguous; ``target`` takes no gradient. Each thread keeps a scratch
+    buffer as large as the largest batch it has run.
+    """
+    if not _HAVE_NUMBA:
+        raise RuntimeError("numba is not installed")
+    dt = data.dtype
+    if data.device.type != "cpu" or dt not in (torch.float32, torch.float64):
+        raise ValueError(
+            f"the numba kernel runs on float32 or float64 CPU tensors, got {dt} on {data.device}"
+        )
+    if data.dim() != 2 or target.shape != data.shape:
+        raise ValueError(
+            f"expected packed data [N, F] and a target of its shape, got {list(data.shape)} "
+            f"and {list(target.shape)}"
+        )
+    if target.dtype != dt or target.device.type != "cpu" or target.requires_grad:
+        raise ValueError(f"the target must be a {dt} CPU tensor that needs no gradient")
+    bs = _cast(batch_sizes, torch.int64).contiguous()
+    rows = int(bs.numpy().sum())
+    if rows != data.shape[0]:
+        raise ValueError(f"batch_sizes sum to {rows}, not {data.shape[0]} rows")
+    alpha, wx = _cast(alpha, dt).contiguous(), _cast(wx, dt).contiguous()
+    loss: Tensor = _NumbaSmootherMSEFn.apply(data.contiguous(), alpha, wx, target.contiguous(), bs)
+    return loss
 
 
 def last_step_rows(batch_sizes: Tensor) -> Tensor:

@@ -3,6 +3,7 @@ through the torch step loop (the reference), numerical gradients, and training w
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ from torch import Tensor
 
 import rnnserve.models.smoothing
 from rnnserve.models.kernels import ema_packed_torch, last_step_rows
-from rnnserve.models.kernels.smoother_cpu import smooth_packed_numba
+from rnnserve.models.kernels.smoother_cpu import smooth_mse_packed_numba, smooth_packed_numba
 from rnnserve.models.packing import pack
 from rnnserve.models.smoothing import LinearRecursion
 
@@ -297,3 +298,148 @@ def test_a_second_derivative_is_refused_not_silently_wrong() -> None:
     (grad,) = torch.autograd.grad((y * c).sum(), alpha, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         grad.sum().backward()
+
+
+# --------------------------------------------------------------------------- the fused loss
+
+
+def fused_case(lengths: list[int], dtype: torch.dtype, seed: int = 0) -> dict[str, Any]:
+    case = inputs(lengths, with_init=False, dtype=dtype, seed=seed)
+    case["target"] = torch.tanh(case["gy"])  # a target in tanh's range
+    return case
+
+
+def loss_and_grads(fused: bool, case: dict[str, Any], scale: float = 1.0) -> dict[str, Tensor]:
+    """The mean squared error, times ``scale``, and its gradients: fused, or F.mse_loss of
+    the compiled forward."""
+    leaves = {k: case[k].clone().requires_grad_(True) for k in ("x", "alpha", "wx")}
+    args = (leaves["x"], case["bs"], leaves["alpha"], leaves["wx"])
+    if fused:
+        loss = smooth_mse_packed_numba(*args, case["target"])
+    else:
+        loss = torch.nn.functional.mse_loss(smooth_packed_numba(*args)[0], case["target"])
+    (loss * scale).backward()
+    return {"loss": loss.detach()} | {f"d{k}": v.grad for k, v in leaves.items()}  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", list(LENGTH_SETS))
+def test_the_fused_loss_has_the_gradients_of_mse_loss_bit_for_bit(
+    name: str, dtype: torch.dtype
+) -> None:
+    """The trainer's weights do not change with the fused loss: same gradients, same bits."""
+    case = fused_case(lengths_for(name), dtype)
+    got, want = loss_and_grads(True, case), loss_and_grads(False, case)
+    for key in ("dx", "dalpha", "dwx"):
+        assert got[key].dtype == dtype
+        assert torch.equal(got[key], want[key]), key
+    torch.testing.assert_close(got["loss"], want["loss"], rtol=1e-6, atol=0)
+
+
+def test_the_fused_loss_equals_autograd_through_the_step_loop() -> None:
+    case = fused_case(lengths_for("random"), torch.float64)
+    got = loss_and_grads(True, case, scale=2.5)
+    leaves = {k: case[k].clone().requires_grad_(True) for k in ("x", "alpha", "wx")}
+    y, _ = reference(leaves["x"], case["bs"], leaves["alpha"], leaves["wx"], None)
+    loss = torch.mean((y - case["target"]) ** 2)
+    (2.5 * loss).backward()
+    torch.testing.assert_close(got["loss"], loss.detach(), atol=1e-14, rtol=1e-14)
+    for k, leaf in leaves.items():
+        torch.testing.assert_close(got[f"d{k}"], leaf.grad, atol=1e-12, rtol=1e-12, msg=k)
+
+
+def test_the_fused_loss_passes_a_numerical_gradcheck() -> None:
+    case = fused_case([5, 1, 3, 5, 2], torch.float64)
+    args = tuple(case[k].clone().requires_grad_(True) for k in ("x", "alpha", "wx"))
+
+    def fn(x: Tensor, alpha: Tensor, wx: Tensor) -> Tensor:
+        return smooth_mse_packed_numba(x, case["bs"], alpha, wx, case["target"])
+
+    assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-8)
+
+
+def test_the_fused_loss_reuses_its_scratch_across_shapes_and_threads() -> None:
+    """A large batch, then a small one, then two batches at once in two threads, over and
+    over: each call its own answer."""
+    big = fused_case([300, 200, 7, 90], torch.float32, seed=1)
+    small = fused_case([4, 1, 3], torch.float32, seed=2)
+    other = fused_case([280, 260, 40], torch.float32, seed=3)
+    want = {k: loss_and_grads(False, c) for k, c in (("big", big), ("small", small))}
+    for label, case in (("big", big), ("small", small), ("big", big)):
+        got = loss_and_grads(True, case)
+        assert torch.equal(got["dalpha"], want[label]["dalpha"]), label
+    want["other"] = loss_and_grads(False, other)
+    wrong: list[tuple[str, int]] = []
+    barrier = threading.Barrier(2)
+
+    def run(label: str, case: dict[str, Any]) -> None:
+        barrier.wait()
+        for i in range(100):
+            got = loss_and_grads(True, case)
+            if not all(torch.equal(got[k], want[label][k]) for k in ("dx", "dalpha", "dwx")):
+                wrong.append((label, i))
+
+    threads = [threading.Thread(target=run, args=item) for item in (("big", big), ("other", other))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
+def test_the_fused_loss_refuses_a_graph_of_its_gradients() -> None:
+    """Its gradients are the compiled loop's constants: a gradient penalty on them would
+    silently add nothing, so ``create_graph=True`` raises instead."""
+    case = fused_case([4, 2], torch.float64)
+    alpha = case["alpha"].clone().requires_grad_(True)
+    loss = smooth_mse_packed_numba(case["x"], case["bs"], alpha, case["wx"], case["target"])
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad(loss, alpha, create_graph=True)
+    (grad,) = torch.autograd.grad(loss, alpha)  # the graph is still there, and it answers
+    torch.testing.assert_close(grad, loss_and_grads(False, case)["dalpha"], rtol=0, atol=0)
+
+
+def test_the_fused_loss_refuses_a_target_that_does_not_fit() -> None:
+    case = fused_case([3, 2], torch.float32)
+    args = (case["x"], case["bs"], case["alpha"], case["wx"])
+    with pytest.raises(ValueError, match="a target of its shape"):
+        smooth_mse_packed_numba(*args, case["target"][:4])
+    with pytest.raises(ValueError, match=r"torch\.float32 CPU tensor that needs no gradient"):
+        smooth_mse_packed_numba(*args, case["target"].double())
+    with pytest.raises(ValueError, match="needs no gradient"):
+        smooth_mse_packed_numba(*args, case["target"].clone().requires_grad_(True))
+
+
+@pytest.fixture
+def fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    real = rnnserve.models.smoothing.smooth_mse_packed_numba
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append("smooth_mse_packed_numba")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rnnserve.models.smoothing, "smooth_mse_packed_numba", spy)
+    return seen
+
+
+def test_mse_loss_is_fused_only_where_the_compiled_training_path_runs(
+    fused_calls: list[str],
+) -> None:
+    """Fused on the CPU training path; F.mse_loss of the forward under no_grad, with the torch
+    kernel, or for a target that takes a gradient, each with the same value."""
+    xs, targets = denoising_batch(2)
+    packed, want = pack(xs), pack(targets).data
+    model = LinearRecursion(F, alpha_smooth=0.4)
+    with torch.no_grad():
+        expected = float(torch.nn.functional.mse_loss(model(packed).data, want))
+    assert model.mse_loss(packed, want).item() == pytest.approx(expected, rel=1e-6)
+    assert fused_calls == ["smooth_mse_packed_numba"]
+    with torch.no_grad():
+        assert model.mse_loss(packed, want).item() == pytest.approx(expected, rel=1e-6)
+    learnt = want.clone().requires_grad_(True)
+    model.mse_loss(packed, learnt).backward()
+    assert learnt.grad is not None
+    model.kernel = "torch"
+    assert model.mse_loss(packed, want).item() == pytest.approx(expected, rel=1e-6)
+    assert fused_calls == ["smooth_mse_packed_numba"]

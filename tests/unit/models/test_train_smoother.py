@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -115,3 +116,20 @@ def test_progress_lines_give_the_loss_the_rate_and_the_time_left(
         r"step 20/20: loss \d\.\d{5}, validation \d\.\d{5}, \d+\.\d\d steps/s, ETA 0m00s",
         lines[-1],
     ), lines[-1]
+
+
+def test_training_runs_the_fused_loss_each_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rnnserve.models.smoothing as smoothing
+
+    calls: list[int] = []
+    real = smoothing.smooth_mse_packed_numba
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(smoothing, "smooth_mse_packed_numba", spy)
+    run(tmp_path, "--steps", "7")
+    assert len(calls) == 7
