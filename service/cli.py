@@ -49,7 +49,10 @@ log = logging.getLogger("rnnserve")
 
 # ``rnnserve <command> ...``: the user's tools, as subcommands so that they run from any folder
 # (``python -m models.export`` would find the user's own ``models`` package first)
-COMMANDS = {"export": "export your own LSTM/GRU or TorchScript model for rnnserve"}
+COMMANDS = {
+    "export": "export your own LSTM/GRU or TorchScript model for rnnserve",
+    "train": "train a smoother or traveller on synthetic data into a folder rnnserve serves",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -130,6 +133,10 @@ def run_command(name: str, args: list[str]) -> int:
         from rnnserve.models import export
 
         return export.main(args)
+    if name == "train":
+        from rnnserve.models import train
+
+        return train.main(args, prog="rnnserve train")
     raise KeyError(name)
 
 
