@@ -1,6 +1,6 @@
 """Triton's own Python client (``tritonclient.http``, blocking and asyncio) against a real
 rnnserve process, one HTTP worker and ``--workers 2``: health, metadata, inference equal to the
-native endpoints, batching and the protocol's errors."""
+native endpoints, a carried state, batching and the protocol's errors."""
 
 from __future__ import annotations
 
@@ -25,15 +25,19 @@ MODELS = [
     ("smoother", "/smooth", "sequences", "sequences", 16),
     ("traveller", "/rollout", "inputs", "positions", 6),
 ]
+# each model's carried state: its parts and their shapes for one sequence
+STATES = {"smoother": {"s": (16,)}, "traveller": {"h": (2, 128), "c": (2, 128), "p": (2,)}}
 # a batch window long enough that requests sent together share a batch
 FLAGS = ("--max-delay-ms", "200")
+READY_TIMEOUT_S = 300  # two processes compiling and warming the models on a busy two-core host
 
 
 @pytest.fixture(scope="module", params=[(), ("--workers", "2")], ids=["one", "workers2"])
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("tritonclient"), *FLAGS, *request.param)
+    where = tmp_path_factory.mktemp("tritonclient")
+    srv = start_server(where, *FLAGS, *request.param, ready_timeout_s=READY_TIMEOUT_S)
     yield srv
     stop(srv)
 
@@ -64,8 +68,13 @@ def test_health_and_metadata(server: Server) -> None:
         assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == [
             (in_name, "FP32", [-1, -1, width]),
             ("lengths", "INT64", [-1]),
+            *((f"state.{part}", "FP32", [-1, *dims]) for part, dims in STATES[model].items()),
         ]
+        assert [t.get("optional", False) for t in meta["inputs"]] == [False] + [True] * (
+            1 + len(STATES[model])
+        )
         assert meta["outputs"][0]["name"] == out_name
+        assert [t["name"] for t in meta["outputs"][1:]] == [t["name"] for t in meta["inputs"][1:]]
     assert not client.is_model_ready("no-such-model")
     version = client.get_model_metadata("smoother")["versions"][0]
     assert client.is_model_ready("smoother", model_version=version)
@@ -106,6 +115,52 @@ def test_flat_sequences_with_lengths_equal_the_native_endpoint(
     result = client.infer(model, [data, lengths])  # no outputs named: all, as binary data
     np.testing.assert_array_equal(result.as_numpy("lengths"), [3, 8, 1])
     np.testing.assert_array_equal(result.as_numpy(out_name), np.concatenate(want))
+    client.close()
+
+
+def _piece(
+    client: Any, model: str, x: np.ndarray, state: tuple[dict[str, np.ndarray], Any], binary: bool
+) -> tuple[np.ndarray, tuple[dict[str, np.ndarray], Any]]:
+    """``x`` ``[N, T, F]`` from ``state`` (its tensors and the answer's parameters that tie them
+    to the model version), asking for the final state by naming its outputs; the outputs and
+    the final state."""
+    _, _, in_name, out_name, _ = next(m for m in MODELS if m[0] == model)
+    tensors, tie = state
+    inputs = []
+    for name, array in {in_name: x, **tensors}.items():
+        tensor = httpclient.InferInput(name, list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    names = [out_name, *(f"state.{part}" for part in STATES[model])]
+    asked = [httpclient.InferRequestedOutput(name, binary_data=binary) for name in names]
+    result = client.infer(model, inputs, outputs=asked, parameters=tie)
+    final = {name: result.as_numpy(name) for name in names[1:]}
+    return result.as_numpy(out_name), (final, result.get_response()["parameters"])
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+@pytest.mark.parametrize("model", list(STATES))
+def test_two_pieces_carried_through_the_state_tensors_equal_one_request(
+    server: Server, model: str, binary: bool
+) -> None:
+    width = next(m[4] for m in MODELS if m[0] == model)
+    x = np.random.default_rng(5).standard_normal((2, 30, width)).astype(np.float32)
+    client = httpclient.InferenceServerClient(_host(server))
+    whole, (whole_state, _) = _piece(client, model, x, ({}, None), binary)
+    first, state = _piece(client, model, x[:, :12], ({}, None), binary)
+    version = client.get_model_metadata(model)["versions"][0]
+    assert state[1] == {"state_model": model, "state_version": version}
+    for part, dims in STATES[model].items():
+        assert state[0][f"state.{part}"].shape == (2, *dims)
+    rest, final = _piece(client, model, x[:, 12:], state, binary)
+    got = np.concatenate([first, rest], axis=1)
+    assert float(np.abs(got - whole).max()) <= 1e-5
+    for name, want in whole_state.items():
+        assert float(np.abs(final[0][name] - want).max()) <= 1e-5
+    stale = {**state[1], "state_version": "0" * 12}
+    with pytest.raises(InferenceServerException) as mismatch:
+        _piece(client, model, x[:, 12:], (state[0], stale), binary)
+    assert mismatch.value.status() == "409"
     client.close()
 
 
