@@ -1,23 +1,28 @@
-"""One training step of the smoother on the CPU: the compiled backward against autograd through
+"""One training step of the smoother on the CPU: the compiled kernels against autograd through
 the torch step loop and against JAX's ``grad`` of ``lax.scan``.
 
 Usage::
 
-    python -m bench.bench_smoother_backward [--shapes 64x1000,256x4000] [--rounds 9]
+    python -m bench.bench_smoother_backward [--shapes 16x100,64x1000,256x4000] [--rounds 9]
 
-A step is the forward and the backward of ``mean((y - target)^2)`` over the real steps (no
-optimiser update), the gradients of ``alpha`` and ``wx`` its result; ``x`` needs none, as in
-training. Every variant's gradients are checked against the float64 autograd of the torch loop
-before it is timed. The rows:
+A step is the forward and the backward of the trainer's loss, ``F.mse_loss(y, target)`` (the
+mean over the real steps and the features), no optimiser update, the gradients of ``alpha`` and
+``wx`` its result; ``x`` needs none, as in training. Every variant's gradients are checked
+against the float64 autograd of the torch loop before it is timed. The rows:
 
-- compiled: ``LinearRecursion`` on packed rows, kernel ``"numba"`` (the CPU training path:
-  :func:`rnnserve.models.kernels.smoother_cpu.smooth_packed_numba`);
+- compiled, fused loss: ``LinearRecursion.mse_loss`` on packed rows, kernel ``"numba"``, the
+  trainer's step: the loss computed inside the compiled kernels with its gradients
+  (:func:`rnnserve.models.kernels.smoother_cpu.smooth_mse_packed_numba`);
+- compiled, torch loss: ``F.mse_loss`` of ``LinearRecursion``'s output, kernel ``"numba"``
+  (:func:`rnnserve.models.kernels.smoother_cpu.smooth_packed_numba`, a compiled forward and a
+  compiled backward, the path of any other loss);
 - torch loop: the same model with kernel ``"torch"``, autograd through the Python step loop;
 - JAX variants, each ``jax.jit`` of ``jax.value_and_grad`` over the padded, time-major
   ``[T, B, F]`` batch with a ``[T, B]`` mask (the layout ``lax.scan`` walks): ``lax.scan``
   differentiated by JAX; the same with ``unroll=4``; ``lax.scan`` with a hand-written
   ``custom_vjp`` whose backward is a reverse ``lax.scan`` of the adjoint (what the compiled
-  kernel does); and ``lax.associative_scan`` differentiated by JAX.
+  kernel does); and ``lax.associative_scan`` differentiated by JAX. Each JAX variant's loss is
+  part of its jitted program, fused as XLA sees fit.
 
 Samples are interleaved round-robin across the variants; each sample repeats the step until it
 lasts about ``--sample-s``. Prints a markdown table: median, min and max per step, and a row
@@ -49,7 +54,8 @@ from rnnserve.models.packing import pack
 from rnnserve.models.smoothing import LinearRecursion
 
 FEAT = 16
-COMPILED = "compiled backward (numba, packed)"
+FUSED = "compiled, loss fused (numba, packed)"
+COMPILED = "compiled backward, torch mse_loss (numba, packed)"
 TORCH_LOOP = "autograd through the torch step loop (packed)"
 JAX_SCAN = "JAX grad of lax.scan (padded)"
 JAX_SCAN_UNROLL = "JAX grad of lax.scan, unroll=4 (padded)"
@@ -95,7 +101,7 @@ def reference_grads(p: Problem) -> np.ndarray:
     alpha = torch.from_numpy(p.alpha).double().requires_grad_(True)
     wx = torch.from_numpy(p.wx).double().requires_grad_(True)
     y = torch.tanh(wx * ema_packed_torch(x.data, x.batch_sizes, alpha))
-    loss = torch.sum((y - t) ** 2) / p.n_rows
+    loss = torch.mean((y - t) ** 2)
     loss.backward()
     assert alpha.grad is not None
     assert wx.grad is not None
@@ -105,7 +111,7 @@ def reference_grads(p: Problem) -> np.ndarray:
 # --------------------------------------------------------------------------- torch
 
 
-def torch_step(p: Problem, kernel: str) -> Callable[[], np.ndarray]:
+def torch_step(p: Problem, kernel: str, fused: bool = False) -> Callable[[], np.ndarray]:
     model = LinearRecursion(FEAT)
     with torch.no_grad():
         model.alpha_smooth.copy_(torch.from_numpy(p.alpha))
@@ -115,8 +121,8 @@ def torch_step(p: Problem, kernel: str) -> Callable[[], np.ndarray]:
 
     def step() -> np.ndarray:
         model.zero_grad(set_to_none=True)
-        # mse_loss is one op forward and one backward: the cheapest way torch writes this loss
-        loss = F.mse_loss(model(x).data, target, reduction="sum") / p.n_rows
+        # unfused, mse_loss is one op forward and one backward: the cheapest way torch writes it
+        loss = model.mse_loss(x, target) if fused else F.mse_loss(model(x).data, target)
         loss.backward()
         a, w = model.alpha_smooth.grad, model.wx.grad
         assert a is not None
@@ -133,7 +139,7 @@ def loss_alone(p: Problem) -> Callable[[], np.ndarray]:
 
     def step() -> np.ndarray:
         y.grad = None
-        F.mse_loss(y, target, reduction="sum").backward()
+        F.mse_loss(y, target).backward()
         return np.zeros(2 * FEAT)
 
     return step
@@ -152,10 +158,10 @@ def jax_steps(p: Problem) -> dict[str, Callable[[], np.ndarray]]:
     ts_np, _ = padded_time_major([t.numpy() for t in p.targets])
     xs, mask, ts = jnp.asarray(xs_np), jnp.asarray(mask_np), jnp.asarray(ts_np)
     params = (jnp.asarray(p.alpha), jnp.asarray(p.wx))
-    n_rows = float(p.n_rows)
+    n_values = float(p.n_rows * FEAT)
 
     def loss_of(y: jax.Array) -> jax.Array:
-        return jnp.sum(jnp.where(mask[..., None], (y - ts) ** 2, 0.0)) / n_rows
+        return jnp.sum(jnp.where(mask[..., None], (y - ts) ** 2, 0.0)) / n_values
 
     def scan_loss(unroll: int) -> Callable[..., jax.Array]:
         def loss(prm: tuple[jax.Array, jax.Array], x: jax.Array) -> jax.Array:
@@ -278,7 +284,7 @@ def bench_shape(
 ) -> list[str]:
     p = make_problem(batch, steps, seed=batch + steps)
     want = reference_grads(p)
-    fast = {COMPILED: torch_step(p, "numba")}
+    fast = {FUSED: torch_step(p, "numba", fused=True), COMPILED: torch_step(p, "numba")}
     try:
         fast |= jax_steps(p)
     except ImportError as e:
@@ -287,13 +293,13 @@ def bench_shape(
     errs = {name: check(name, fn(), want) for name, fn in (fast | slow).items()}
     fast[LOSS_ALONE] = loss_alone(p)
     samples = measure(fast, rounds, sample_s) | measure(slow, torch_rounds, 0.0)
-    base = statistics.median(samples[COMPILED])
+    base = statistics.median(samples[FUSED])
     jax_names = [n for n in samples if n.startswith("JAX")]  # the loss row is not a variant
     best_jax = min(jax_names, key=lambda n: statistics.median(samples[n]), default=None)
     lines = [
         f"**B={batch}, T={steps}, F={FEAT}** ({p.n_rows:,} rows; lengths T/2..T)",
         "",
-        "| variant | median | min | max | × compiled | max rel. grad error |",
+        "| variant | median | min | max | × fused | max rel. grad error |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, ts in sorted(samples.items(), key=lambda kv: statistics.median(kv[1])):
@@ -305,14 +311,17 @@ def bench_shape(
             f"{'' if name == LOSS_ALONE else f'{errs[name]:.1e}'} |"
         )
     if best_jax is not None:
-        ratio = base / statistics.median(samples[best_jax])
-        lines += ["", f"compiled / fastest JAX ({best_jax}): **{ratio:.2f}×**"]
+        jax_median = statistics.median(samples[best_jax])
+        lines.append("")
+        for name in (FUSED, COMPILED):
+            ratio = statistics.median(samples[name]) / jax_median
+            lines.append(f"{name} / fastest JAX ({best_jax}): **{ratio:.2f}×**")
     return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--shapes", default="64x1000,256x4000", help="BxT,BxT,...")
+    parser.add_argument("--shapes", default="16x100,64x1000,256x4000", help="BxT,BxT,...")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--torch-rounds", type=int, default=3, help="samples of the torch loop")
     parser.add_argument("--sample-s", type=float, default=0.2)
