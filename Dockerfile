@@ -1,12 +1,14 @@
 # rnnserve for GPU hosts; it also runs without a GPU (RNNSERVE_DEVICE=auto falls back to the CPU).
 #   docker build -t rnnserve .
 #   docker run --rm --gpus all -p 8000:8000 rnnserve
-# Two stages: `build` makes the wheel (rnnserve, its models and bundled weights) from the sources;
-# the final stage starts again from the CUDA PyTorch runtime image and installs only that wheel,
-# so no source tree, build tool or pip cache reaches the image that runs.
+# Two stages on one base, Python 3.11 on Debian 13 (trixie): `build` makes the wheel (rnnserve, its
+# models and bundled weights) from the sources; the final stage installs only that wheel and one
+# pinned torch release, whose PyPI wheel brings its CUDA libraries as packages of their own, so no
+# source tree, build tool or pip cache reaches the image that runs. docs/DEPLOY.md, "The image's
+# base", says why this base and how to raise the torch pin.
 
 # ---- build: the wheel (pure Python: the same wheel serves any Python 3.11+) ----------------------
-FROM python:3.11-slim-bookworm AS build
+FROM python:3.11-slim-trixie AS build
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -22,25 +24,42 @@ COPY rnnserve/ /src/rnnserve/
 
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
 
-# ---- runtime: CUDA 12.8 / cuDNN 9 PyTorch (and Python 3.11) from the base image ------------------
-FROM pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime AS runtime
+# ---- runtime: Python 3.11 on Debian 13, torch from PyPI with its CUDA libraries ------------------
+FROM python:3.11-slim-trixie AS runtime
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
+# The torch release, and the CUDA version its Linux x86_64 wheel on PyPI is built for.
+ARG TORCH_VERSION=2.14.1
+ARG TORCH_CUDA=13.0
+
+# NVIDIA_DRIVER_CAPABILITIES: without `compute` the NVIDIA Container Toolkit mounts no libcuda, and
+# torch would find no GPU. NVIDIA_REQUIRE_CUDA: the toolkit refuses to start the container on a
+# driver too old for that CUDA, instead of the server quietly serving from the CPU.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_ROOT_USER_ACTION=ignore
+    PIP_ROOT_USER_ACTION=ignore \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA="cuda>=${TORCH_CUDA}"
+
+# Triton builds each GPU kernel's launcher with the C compiler when the server warms up on a GPU.
+# The Debian release is fixed by the base's tag; its packages are left unpinned so that each build
+# takes that release's security updates (a pinned version leaves the archive once it is replaced).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 
 COPY --from=build /wheels/ /tmp/wheels/
 
-# Constrain torch to the base image's exact build so that resolving the project's dependencies
-# can never replace it; then check the installed package really carries its models.
-RUN python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" \
-        > /tmp/torch-constraint.txt \
-    && python -m pip install --no-cache-dir --constraint /tmp/torch-constraint.txt /tmp/wheels/rnnserve-*.whl \
-    && rm -rf /tmp/wheels /tmp/torch-constraint.txt \
+# torch and the wheel in one resolution, so that the project's dependencies cannot pick another
+# torch; then check that the installed torch is the pinned release and CUDA build, and that the
+# installed package carries its models.
+RUN python -m pip install --no-cache-dir "torch==${TORCH_VERSION}" /tmp/wheels/rnnserve-*.whl \
+    && rm -rf /tmp/wheels \
+    && python -c "import os, torch; found = (torch.__version__.split('+')[0], str(torch.version.cuda)); assert found == (os.environ['TORCH_VERSION'], os.environ['TORCH_CUDA']), found" \
     && python -c "from rnnserve import models; assert models.available() == ['smoother', 'traveller'], models.available()" \
     && rnnserve --help > /dev/null
 

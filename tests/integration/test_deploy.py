@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -38,6 +39,9 @@ import kubernetes_validate
 import pydantic
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from rnnserve.service.config import PLACEHOLDER_TOKEN_PREFIX, Settings
 from rnnserve.service.metrics import Metrics
@@ -46,6 +50,7 @@ from tests.e2e.server import free_port
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
+PYPROJECT = ROOT / "pyproject.toml"
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 COMPOSE_CPU = ROOT / "deploy" / "compose" / "cpu.yml"
 COMPOSE_SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
@@ -55,6 +60,15 @@ K8S = ROOT / "deploy" / "k8s"
 K8S_VERSION = "1.30.0"  # the oldest Kubernetes the manifests target
 WEIGHTS = ("smoother.safetensors", "traveller.safetensors")
 SERVICE_PORT = 8000
+# The torch advisories the image's pinned torch must be past, with the first release that fixes
+# each (docs/RELIABILITY.md, "Dependency floors", says where each is used and where it was read).
+TORCH_FIXES = {
+    "CVE-2025-32434": "2.6.0",  # torch.load(weights_only=True) runs code
+    "CVE-2026-24747": "2.10.0",  # the weights-only unpickler corrupts memory
+    "CVE-2025-3000": "2.13.0",  # torch.jit.script corrupts memory
+}
+# Debian releases whose security team no longer publishes updates (LTS or nothing after).
+DEBIAN_PAST_REGULAR_SUPPORT = {"stretch", "buster", "bullseye", "bookworm"}
 
 
 # -- Dockerfile parsing ----------------------------------------------------------------------
@@ -110,6 +124,15 @@ def env_vars(instructions: list[Instruction]) -> dict[str, str]:
             assert sep, f"use ENV KEY=value (line {inst.line})"
             env[key] = value
     return env
+
+
+def arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
+    """``ARG NAME=default`` of these instructions (an ARG without a default maps to "")."""
+    args: dict[str, str] = {}
+    for inst in only(instructions, "ARG"):
+        name, _, default = inst.args.partition("=")
+        args[name.strip()] = default.strip()
+    return args
 
 
 @dataclass(frozen=True)
@@ -186,20 +209,21 @@ def runtime_stage(dockerfile: list[Instruction]) -> Stage:
     return stages(dockerfile)[-1]
 
 
-def test_image_is_multi_stage_on_a_pinned_cuda_pytorch_runtime(
-    dockerfile: list[Instruction],
-) -> None:
+def test_both_stages_share_one_pinned_python_base(dockerfile: list[Instruction]) -> None:
     all_stages = stages(dockerfile)
     assert len(all_stages) >= 2, "a build stage, then the runtime stage"
-    final = all_stages[-1]
-    image, _, tag = final.base.partition(":")
-    assert image == "pytorch/pytorch"
-    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)-cuda(\d+\.\d+)-cudnn(\d+)-runtime", tag)
-    assert match, f"expected a pinned <torch>-cuda<x.y>-cudnn<n>-runtime tag, got {tag!r}"
-    assert (int(match[1]), int(match[2])) >= (2, 4), "the project requires torch>=2.4"
-    for stage in all_stages:
-        assert ":" in stage.base, f"{stage.base}: pin a tag"
-        assert not stage.base.endswith(":latest"), stage.base
+    bases = {stage.base for stage in all_stages}
+    assert len(bases) == 1, f"build the wheel on the Python that runs it: {bases}"
+    (base,) = bases
+    image, _, tag = base.partition(":")
+    assert image == "python", base
+    # A Python minor and a Debian release, named: `python:3.11-slim` alone moves to the next
+    # Debian release under the image, and a patch or digest pin never gets security updates.
+    match = re.fullmatch(r"(3\.\d+)-slim-([a-z]+)", tag)
+    assert match, f"expected python:3.<minor>-slim-<debian release>, got {base!r}"
+    requires_python = tomllib.loads(PYPROJECT.read_text())["project"]["requires-python"]
+    assert Version(match[1]) in SpecifierSet(requires_python), (match[1], requires_python)
+    assert match[2] not in DEBIAN_PAST_REGULAR_SUPPORT, f"Debian {match[2]} gets LTS updates only"
 
 
 def test_only_the_wheel_and_the_warmup_reach_the_runtime_stage(
@@ -223,18 +247,30 @@ def test_only_the_wheel_and_the_warmup_reach_the_runtime_stage(
     assert from_context == ["deploy/docker/warmup.py"], from_context
 
 
-def test_dockerfile_installs_the_wheel_keeping_the_images_torch(
+def install_step(final: Stage) -> Instruction:
+    """The runtime stage's RUN that pip-installs the wheel."""
+    (install,) = [i for i in only(final.instructions, "RUN") if "pip install" in i.args]
+    return install
+
+
+def pip_install_args(install: Instruction) -> list[str]:
+    """The words of its ``pip install`` command, up to the first ``&&``."""
+    words = shlex.split(install.args)
+    start = next(n for n in range(len(words) - 1) if words[n : n + 2] == ["pip", "install"])
+    rest = words[start + 2 :]
+    return rest[: rest.index("&&")] if "&&" in rest else rest
+
+
+def test_dockerfile_installs_the_wheel_with_one_pinned_torch(
     dockerfile: list[Instruction],
 ) -> None:
     final = runtime_stage(dockerfile)
-    runs = " && ".join(i.args for i in only(final.instructions, "RUN"))
-    install = re.search(r"pip install (.+?)(?:&&|$)", runs)
-    assert install, "no pip install step"
-    args = install[1].split()
+    args = pip_install_args(install_step(final))
     assert "--no-cache-dir" in args
-    # Torch is constrained to the base image's build so pip never fetches another one.
-    assert "--constraint" in args or "-c" in args
-    assert "torch==" in runs
+    # torch is named in the same resolution as the wheel, at the pinned release, so that
+    # resolving the project's dependencies can never pick another one.
+    torch_specs = [a for a in args if re.match(r"torch\b", a)]
+    assert torch_specs == ["torch==${TORCH_VERSION}"], torch_specs
     # What pip installs is the wheel copied from the build stage.
     target = PurePosixPath(args[-1])
     assert target.name.startswith("rnnserve-"), target
@@ -248,6 +284,53 @@ def test_dockerfile_installs_the_wheel_keeping_the_images_torch(
     assert env.get("RNNSERVE_HOST") == "0.0.0.0"
     for name in (k for k in env if k.startswith("RNNSERVE_")):
         assert name.removeprefix("RNNSERVE_").lower() in Settings.model_fields, name
+
+
+def test_pinned_torch_is_a_release_past_its_known_advisories(
+    dockerfile: list[Instruction],
+) -> None:
+    pinned = arg_defaults(runtime_stage(dockerfile).instructions)["TORCH_VERSION"]
+    version = Version(pinned)
+    assert str(version) == pinned, f"pin one release, as PyPI spells it: {pinned!r}"
+    assert not version.is_prerelease, pinned
+    assert not version.is_devrelease, pinned
+    assert version.local is None, pinned
+    for advisory, fixed in TORCH_FIXES.items():
+        assert version >= Version(fixed), f"torch {pinned} still has {advisory} (fixed in {fixed})"
+    dependencies = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    (torch_requirement,) = [r for r in map(Requirement, dependencies) if r.name == "torch"]
+    assert version in torch_requirement.specifier, (pinned, str(torch_requirement))
+
+
+def test_runtime_sees_the_gpu_and_refuses_a_driver_too_old_for_its_cuda(
+    dockerfile: list[Instruction],
+) -> None:
+    final = runtime_stage(dockerfile)
+    env = env_vars(final.instructions)
+    capabilities = env.get("NVIDIA_DRIVER_CAPABILITIES", "").split(",")
+    assert "compute" in capabilities, "without compute the toolkit mounts no libcuda"
+    assert "utility" in capabilities, "nvidia-smi and NVML (the DCGM exporter's view)"
+    # The requirement follows the CUDA that the pinned torch is built for, which the install
+    # step checks against the installed torch.
+    assert env.get("NVIDIA_REQUIRE_CUDA") == "cuda>=${TORCH_CUDA}", env.get("NVIDIA_REQUIRE_CUDA")
+    assert re.fullmatch(r"\d+\.\d+", arg_defaults(final.instructions)["TORCH_CUDA"])
+    # GPUs reach the container only when asked for (--gpus, a compose reservation, a device
+    # plugin), never on every host whose default runtime is NVIDIA's.
+    assert "NVIDIA_VISIBLE_DEVICES" not in env
+
+
+def test_runtime_stage_has_the_c_compiler_triton_builds_with(dockerfile: list[Instruction]) -> None:
+    final = runtime_stage(dockerfile).instructions
+    apt = [i for i in only(final, "RUN") if "apt-get install" in i.args]
+    assert len(apt) == 1, "one apt-get step"
+    words = shlex.split(apt[0].args)
+    installed = words[words.index("install") + 1 : words.index("&&", words.index("install"))]
+    packages = {w for w in installed if not w.startswith("-")}
+    assert {"gcc", "libc6-dev"} <= packages, packages  # libc6-dev: the C headers gcc needs
+    assert "--no-install-recommends" in installed
+    assert "rm -rf /var/lib/apt/lists/*" in apt[0].args
+    (user,) = only(final, "USER")
+    assert apt[0].line < user.line, "apt-get runs as root, before USER"
 
 
 def test_dockerfile_runs_rnnserve_as_non_root(dockerfile: list[Instruction]) -> None:
@@ -1053,6 +1136,61 @@ def test_installed_copy_runs_the_images_warmup(installed: Installed) -> None:
     proc = run_installed(installed, sys.executable, str(ROOT / "deploy" / "docker" / "warmup.py"))
     assert proc.returncode == 0, proc.stderr
     assert "warmed smoother, traveller" in proc.stdout
+
+
+def install_checks(dockerfile: list[Instruction]) -> list[str]:
+    """The ``python -c`` programs that the image's install step runs after pip."""
+    words = shlex.split(install_step(runtime_stage(dockerfile)).args)
+    return [words[n + 2] for n in range(len(words) - 2) if words[n : n + 2] == ["python", "-c"]]
+
+
+def torch_build_here() -> dict[str, str]:
+    """TORCH_VERSION and TORCH_CUDA as they would be for the torch installed here."""
+    probe = "import torch; print(torch.__version__.split('+')[0]); print(torch.version.cuda)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    version, cuda = out.stdout.split()
+    return {"TORCH_VERSION": version, "TORCH_CUDA": cuda}
+
+
+@pytest.mark.slow  # builds and installs a wheel; starts its own processes
+def test_installed_copy_passes_the_images_install_checks(
+    installed: Installed, dockerfile: list[Instruction]
+) -> None:
+    checks = install_checks(dockerfile)
+    (torch_check,) = [c for c in checks if "torch.version.cuda" in c]
+    assert any("models.available()" in c for c in checks), checks
+    here = torch_build_here()
+    for check in checks:  # with the build args naming the torch installed here, each passes
+        proc = subprocess.run(
+            [sys.executable, "-c", check],
+            cwd=installed.outside,
+            env={**installed.env, **here},
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert proc.returncode == 0, (check, proc.stderr)
+    # With the Dockerfile's own pins, the torch check passes only where this torch is that build:
+    # a different torch fails the image's build instead of reaching the image.
+    pinned = arg_defaults(runtime_stage(dockerfile).instructions)
+    pinned_build = {k: pinned[k] for k in ("TORCH_VERSION", "TORCH_CUDA")}
+    proc = subprocess.run(
+        [sys.executable, "-c", torch_check],
+        cwd=installed.outside,
+        env={**installed.env, **pinned_build},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    if pinned_build == here:
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode != 0, (here, proc.stderr)
+        assert "AssertionError" in proc.stderr, (here, proc.stderr)
 
 
 @pytest.mark.slow  # builds and installs a wheel; starts its own processes
