@@ -10,17 +10,22 @@ causal, so padded steps never change a real step's output either.
 - :func:`smoother_associative_scan`: the same recursion as ``lax.associative_scan`` over
   ``(a, b)`` pairs (``s_t = a_t * s_{t-1} + b_t``; combine ``(a1 * a2, a2 * b1 + b2)``), with
   ``(a_0, b_0) = (0, x_0)`` so that ``s_0 = x_0``;
-- :func:`traveller_rollout_scan`: the Traveller's autoregressive rollout as one ``lax.scan``, the
-  math of ``rnnserve.models.traveller.rollout_packed``: ``z_t = concat(p_{t-1}, u_t)``, LSTM layers
-  with PyTorch's gate order ``i, f, g, o``, ``p_t = tanh(W_out h_top + b_out)``; layer 0's
-  projection of ``u`` is one GEMM over all steps up front, so each step costs one GEMM per layer.
+- :func:`traveller_rollout`: the Traveller's autoregressive rollout as one ``lax.scan``, the
+  math of ``rnnserve.models.traveller.rollout_packed``: layer 0's input is ``(p_{t-1}, u_t)``,
+  LSTM layers with PyTorch's gate order ``i, f, g, o``, ``p_t = tanh(W_out h_top + b_out)``;
+  layer 0's projection of ``u`` is one GEMM over all steps up front. It is written in several
+  ways (:class:`RolloutVariant`: split or concatenated gate products, per-layer or stacked
+  state, precision, unroll), all the same function, so that the benchmark can time each and
+  compare against the fastest; :func:`traveller_rollout_scan` is the one it keeps on the CPU.
 
-Every matrix product asks for ``Precision.HIGHEST``: full fp32, as the PyTorch rows run (on GPUs
-JAX's default would use TF32 and differ from fp32 by ~1e-3).
+The variants named ``highest`` ask for ``Precision.HIGHEST`` in every matrix product: full fp32,
+as the PyTorch rows run (on GPUs JAX's default would use TF32 and differ from fp32 by ~1e-3; on
+the CPU the default is fp32 too).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -33,12 +38,18 @@ from jax import lax
 from bench.padding import padded_time_major, unpad_time_major
 
 __all__ = [
+    "BEST_CPU",
+    "CPU_CANDIDATES",
+    "ROLLOUT_VARIANTS",
+    "RolloutVariant",
     "compile_for",
     "device_for",
     "measure_main",
     "padded_time_major",
+    "rollout_variant_fn",
     "smoother_associative_scan",
     "smoother_scan",
+    "traveller_rollout",
     "traveller_rollout_scan",
     "traveller_weights",
     "unpad_time_major",
@@ -85,15 +96,19 @@ def smoother_associative_scan(
 
 
 class TravellerWeights(NamedTuple):
-    """The Traveller's weights in the fused layout the step uses (a JAX pytree)."""
+    """The Traveller's weights in both layouts the variants use (a JAX pytree; a compiled
+    variant reads only its own layout's arrays)."""
 
     w_u: jax.Array  # [num_inputs, 4H]: layer 0's columns for u
     b0: jax.Array  # [4H]: layer 0's b_ih + b_hh
-    w_rec0: jax.Array  # [2 + H, 4H]: layer 0's rows for (p_{t-1}, h_0)
-    w_cat: tuple[jax.Array, ...]  # layers 1..L-1: [H + H, 4H], rows (x, h_l)
+    w_rec0: jax.Array  # concat layout: [2 + H, 4H], layer 0's rows for (p_{t-1}, h_0)
+    w_cat: tuple[jax.Array, ...]  # concat layout, layers 1..L-1: [H + H, 4H], rows (x, h_l)
     b: tuple[jax.Array, ...]  # layers 1..L-1: [4H]
     w_out: jax.Array  # [H, 2]
     b_out: jax.Array  # [2]
+    w_p0: jax.Array  # split layout: [2, 4H], layer 0's W_ih rows for p_{t-1}
+    w_x: tuple[jax.Array, ...]  # split layout, layers 1..L-1: [H, 4H] (W_ih transposed)
+    w_h: tuple[jax.Array, ...]  # split layout, every layer: [H, 4H] (W_hh transposed)
 
 
 def traveller_weights(
@@ -110,18 +125,83 @@ def traveller_weights(
     n_pos = 2
     w0 = np.asarray(w_ih[0])
     put = (lambda a: jax.device_put(a, device)) if device is not None else jnp.asarray
+    layers = range(1, len(w_ih))
     return TravellerWeights(
         w_u=put(w0[:, n_pos:].T.copy()),
         b0=put(np.asarray(b_ih[0]) + np.asarray(b_hh[0])),
         w_rec0=put(np.concatenate([w0[:, :n_pos], np.asarray(w_hh[0])], 1).T.copy()),
         w_cat=tuple(
             put(np.concatenate([np.asarray(w_ih[k]), np.asarray(w_hh[k])], 1).T.copy())
-            for k in range(1, len(w_ih))
+            for k in layers
         ),
-        b=tuple(put(np.asarray(b_ih[k]) + np.asarray(b_hh[k])) for k in range(1, len(w_ih))),
+        b=tuple(put(np.asarray(b_ih[k]) + np.asarray(b_hh[k])) for k in layers),
         w_out=put(np.asarray(w_out).T.copy()),
         b_out=put(np.asarray(b_out)),
+        w_p0=put(w0[:, :n_pos].T.copy()),
+        w_x=tuple(put(np.asarray(w_ih[k]).T.copy()) for k in layers),
+        w_h=tuple(put(np.asarray(m).T.copy()) for m in w_hh),
     )
+
+
+class RolloutVariant(NamedTuple):
+    """How one ``lax.scan`` rollout is written; every variant computes the same function.
+
+    - ``layout``: ``"split"`` takes a layer's gates as ``x @ W_ih + h @ W_hh``, the two products
+      of ``nn.LSTM``'s layout; ``"concat"`` as one product ``[x, h] @ [W_ih; W_hh]``, paying a
+      concatenation every step;
+    - ``state``: ``"tuple"`` carries one ``[B, H]`` array per layer; ``"stacked"`` carries
+      ``[L, B, H]`` arrays, stacked again every step;
+    - ``precision``: the matrix products' ``lax.Precision`` (``"highest"``, or ``"default"``,
+      which on GPUs may take TF32);
+    - ``unroll``: steps per iteration of the compiled loop (``lax.scan``'s ``unroll``).
+    """
+
+    layout: str = "split"
+    state: str = "tuple"
+    precision: str = "highest"
+    unroll: int = 1
+
+    @property
+    def key(self) -> str:
+        """A short name for the command line, e.g. ``split-tuple-highest-u2``."""
+        return f"{self.layout}-{self.state}-{self.precision}-u{self.unroll}"
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.layout}, {self.state} state, precision {self.precision}, unroll {self.unroll}"
+        )
+
+    @classmethod
+    def parse(cls, key: str) -> RolloutVariant:
+        layout, state, precision, unroll = key.split("-")
+        variant = cls(layout, state, precision, int(unroll.removeprefix("u")))
+        if variant not in ROLLOUT_VARIANTS:
+            raise ValueError(f"no rollout variant {key!r}")
+        return variant
+
+
+# Every combination the sweep (bench/rollout_vs_jax.py) tries.
+ROLLOUT_VARIANTS = tuple(
+    RolloutVariant(layout, state, precision, unroll)
+    for layout in ("split", "concat")
+    for state in ("tuple", "stacked")
+    for precision in ("highest", "default")
+    for unroll in (1, 2, 4)
+)
+# The first rollout baseline: one concatenation and one stack a step.
+CONCAT_STACKED = RolloutVariant("concat", "stacked", "highest", 1)
+# What traveller_rollout_scan runs: on the 2-core AMD EPYC the sweep (bench/rollout_vs_jax.py,
+# figures in docs/BENCHMARKS.md) found the first baseline among the fastest at both shapes.
+# bench.bench_models times CPU_CANDIDATES and keeps the fastest.
+BEST_CPU = CONCAT_STACKED
+CPU_CANDIDATES = (
+    *(BEST_CPU._replace(unroll=n) for n in (1, 2, 4)),
+    RolloutVariant("split", "stacked", "highest", 1),
+    RolloutVariant("split", "tuple", "highest", 1),
+)
+
+_PRECISIONS = {"highest": HIGHEST, "default": lax.Precision.DEFAULT}
 
 
 def _cell(gates: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -130,36 +210,69 @@ def _cell(gates: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jax.nn.sigmoid(o) * jnp.tanh(c_new), c_new
 
 
-def traveller_rollout_scan(u: jax.Array, mask: jax.Array, w: TravellerWeights) -> jax.Array:
-    """Positions ``[T, B, 2]`` of the autoregressive rollout of ``u`` ``[T, B, num_inputs]``."""
+def _layer_gates(
+    w: TravellerWeights,
+    variant: RolloutVariant,
+    layer: int,
+    x: jax.Array,
+    h: jax.Array,
+    gu_t: jax.Array,
+) -> jax.Array:
+    """A layer's pre-activations from its input ``x`` (``p`` at layer 0) and its own ``h``."""
+    precision = _PRECISIONS[variant.precision]
+    if variant.layout == "concat":
+        z = jnp.concatenate([x, h], 1)
+        if layer == 0:
+            return gu_t + jnp.dot(z, w.w_rec0, precision=precision)
+        return jnp.dot(z, w.w_cat[layer - 1], precision=precision) + w.b[layer - 1]
+    from_h = jnp.dot(h, w.w_h[layer], precision=precision)
+    if layer == 0:
+        return gu_t + jnp.dot(x, w.w_p0, precision=precision) + from_h
+    return jnp.dot(x, w.w_x[layer - 1], precision=precision) + from_h + w.b[layer - 1]
+
+
+def traveller_rollout(
+    u: jax.Array, mask: jax.Array, w: TravellerWeights, variant: RolloutVariant = BEST_CPU
+) -> jax.Array:
+    """Positions ``[T, B, 2]`` of the autoregressive rollout of ``u`` ``[T, B, num_inputs]``,
+    written as ``variant`` says (static: bind it before ``jax.jit``)."""
     num_layers = 1 + len(w.w_cat)
     hidden = w.w_rec0.shape[0] - 2
     batch = u.shape[1]
-    gu = jnp.einsum("tbi,ig->tbg", u, w.w_u, precision=HIGHEST) + w.b0  # all steps, one GEMM
-    zeros = jnp.zeros((num_layers, batch, hidden), u.dtype)
+    precision = _PRECISIONS[variant.precision]
+    gu = jnp.einsum("tbi,ig->tbg", u, w.w_u, precision=precision) + w.b0  # all steps, one GEMM
+    zeros = jnp.zeros((batch, hidden), u.dtype)
 
-    def step(
-        carry: tuple[jax.Array, jax.Array, jax.Array], gu_t: jax.Array
-    ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], jax.Array]:
+    def step(carry: Any, gu_t: jax.Array) -> tuple[Any, jax.Array]:
         h, c, p = carry
         hs, cs = [], []
         x = p
         for layer in range(num_layers):
-            if layer == 0:
-                z = jnp.concatenate([p, h[0]], 1)
-                gates = gu_t + jnp.dot(z, w.w_rec0, precision=HIGHEST)
-            else:
-                z = jnp.concatenate([x, h[layer]], 1)
-                gates = jnp.dot(z, w.w_cat[layer - 1], precision=HIGHEST) + w.b[layer - 1]
-            x, c_new = _cell(gates, c[layer])
+            x, c_new = _cell(_layer_gates(w, variant, layer, x, h[layer], gu_t), c[layer])
             hs.append(x)
             cs.append(c_new)
-        p = jnp.tanh(jnp.dot(x, w.w_out, precision=HIGHEST) + w.b_out)
-        return (jnp.stack(hs), jnp.stack(cs), p), p
+        p = jnp.tanh(jnp.dot(x, w.w_out, precision=precision) + w.b_out)
+        if variant.state == "stacked":
+            return (jnp.stack(hs), jnp.stack(cs), p), p
+        return (tuple(hs), tuple(cs), p), p
 
+    if variant.state == "stacked":
+        state: Any = (jnp.stack([zeros] * num_layers),) * 2
+    else:
+        state = ((zeros,) * num_layers,) * 2
     p0 = jnp.zeros((batch, 2), u.dtype)
-    _, positions = lax.scan(step, (zeros, zeros, p0), gu)
+    _, positions = lax.scan(step, (*state, p0), gu, unroll=variant.unroll)
     return jnp.where(mask[..., None], positions, 0)
+
+
+def traveller_rollout_scan(u: jax.Array, mask: jax.Array, w: TravellerWeights) -> jax.Array:
+    """:func:`traveller_rollout` as :data:`BEST_CPU` writes it."""
+    return traveller_rollout(u, mask, w, BEST_CPU)
+
+
+def rollout_variant_fn(variant: RolloutVariant) -> Callable[..., jax.Array]:
+    """``(u, mask, w) -> positions`` for ``variant``, ready for :func:`compile_for`."""
+    return functools.partial(traveller_rollout, variant=variant)
 
 
 # --------------------------------------------------------------------------- compiling
@@ -190,17 +303,20 @@ def device_for(kind: str) -> Any:
 # --------------------------------------------------------------------------- a process of its own
 #
 # On CUDA, ``bench.bench_models`` measures these in a process of their own: with JAX and torch on
-# one GPU in one process, the H200 run of session 6 died twice of an illegal memory access (at the
-# B=1024 rollout, after JAX had run), and the same run without JAX did not. A crash here costs
-# its row, not the run.
+# one GPU in one process, an H200 run died twice of an illegal memory access (at the B=1024
+# rollout, after JAX had run), and the same run without JAX did not. A crash here costs its row,
+# not the run.
 
 FUNCTIONS = ("smoother_scan", "smoother_associative_scan", "traveller_rollout_scan")
 
 
-def _build(fn_name: str, data: Any, device: Any) -> tuple[Callable[[], jax.Array], float]:
+def _build(
+    fn_name: str, data: Any, device: Any, variant: RolloutVariant = BEST_CPU
+) -> tuple[Callable[[], jax.Array], float]:
     """The compiled call of ``fn_name`` on the inputs in ``data`` (an ``.npz``), and its compile
     seconds. Smoother inputs: ``x``, ``mask``, ``alpha``, ``wx``; the rollout's: ``u``, ``mask``
-    and ``w_ih_K``, ``w_hh_K``, ``b_ih_K``, ``b_hh_K`` per layer K, ``w_out``, ``b_out``."""
+    and ``w_ih_K``, ``w_hh_K``, ``b_ih_K``, ``b_hh_K`` per layer K, ``w_out``, ``b_out``; the
+    rollout is written as ``variant`` says."""
     if fn_name == "traveller_rollout_scan":
         layers = range(int(data["layers"]))
         w_ih, w_hh, b_ih, b_hh = (
@@ -210,7 +326,7 @@ def _build(fn_name: str, data: Any, device: Any) -> tuple[Callable[[], jax.Array
             w_ih, w_hh, b_ih, b_hh, data["w_out"], data["b_out"], device=device
         )
         u, mask = (jax.device_put(data[k], device) for k in ("u", "mask"))
-        rollout, secs = compile_for(traveller_rollout_scan, u, mask, weights)
+        rollout, secs = compile_for(rollout_variant_fn(variant), u, mask, weights)
         return (lambda: rollout(u, mask, weights)), secs
     args = [jax.device_put(data[k], device) for k in ("x", "mask", "alpha", "wx")]
     smoother, secs = compile_for(globals()[fn_name], *args)
@@ -227,10 +343,11 @@ def _clocked(call: Callable[[], jax.Array], number: int) -> float:
 
 
 def measure_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bench.jax_baselines FN INPUTS OUT --device D --rounds R --sample-s S``:
-    compile FN for the inputs, call it once for its output, then time R samples, each repeating
-    the call until it lasts about S seconds; write ``out``, ``samples``, ``number`` and
-    ``compile_s`` to OUT (``.npz``)."""
+    """``python -m bench.jax_baselines FN INPUTS OUT --device D --rounds R --sample-s S
+    [--variant KEY]``: compile FN for the inputs (the rollout written as the variant KEY says,
+    :attr:`RolloutVariant.key`), call it once for its output, then time R samples, each
+    repeating the call until it lasts about S seconds; write ``out``, ``samples``, ``number``
+    and ``compile_s`` to OUT (``.npz``)."""
     import argparse
 
     parser = argparse.ArgumentParser(description="time one JAX baseline in this process")
@@ -240,9 +357,10 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--sample-s", type=float, default=0.03)
+    parser.add_argument("--variant", type=RolloutVariant.parse, default=BEST_CPU)
     args = parser.parse_args(argv)
     with np.load(args.inputs) as data:
-        call, compile_s = _build(args.fn, data, device_for(args.device))
+        call, compile_s = _build(args.fn, data, device_for(args.device), args.variant)
     out = np.asarray(call())
     once = min(_clocked(call, 1) for _ in range(3))
     number = max(1, min(10_000, int(np.ceil(args.sample_s / max(once, 1e-7)))))

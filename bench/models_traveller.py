@@ -6,11 +6,12 @@ compile times.
 from __future__ import annotations
 
 import copy
+import functools
 import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -50,6 +51,14 @@ from rnnserve.models.traveller import (
     rollout_backend_fn,
     scripted_rollout,
 )
+
+SWEEP_ROUNDS = 5  # interleaved calls of each JAX variant before the fastest is kept
+
+
+def _block(out: object) -> object:
+    import jax
+
+    return jax.block_until_ready(out)
 
 
 def rollout_reference(model64: Traveller, seqs: Sequence[Tensor]) -> np.ndarray:
@@ -234,13 +243,8 @@ class TravellerBench(SuiteBase):
             )
             us, mask = jb.padded_time_major([s.numpy() for s in seqs])
             args = [jax.device_put(v, self.jax_device) for v in (us, mask)]
-            fn, secs = jb.compile_for(jb.traveller_rollout_scan, *args, weights)
-            self.res.compile.append(
-                (f"JAX jit compile, `traveller_rollout_scan` ({label})", _fmt_s(secs))
-            )
-            got = np.asarray(fn(*args, weights), dtype=np.float64).transpose(1, 0, 2)
-            err = check(JAX_ROLLOUT, got, ref, lengths)
-            return Case(JAX_ROLLOUT, lambda: fn(*args, weights), jax.block_until_ready, err=err)
+            kept = self.fastest_jax_rollout(jb, (*args, weights), ref, lengths, label)
+            return Case(JAX_ROLLOUT, kept.fn, jax.block_until_ready, err=kept.err)
 
         backends = [b for b in ROLLOUT_BACKENDS if b != "auto"]
         builders: list[tuple[str, Builder]] = [
@@ -253,6 +257,34 @@ class TravellerBench(SuiteBase):
             builders += [graphed(b) for b in backends if b != "numba"]
         return builders
 
+    def fastest_jax_rollout(
+        self, jb: Any, args: tuple[Any, ...], ref: np.ndarray, lengths: list[int], label: str
+    ) -> Case:
+        """Every variant of ``jb.CPU_CANDIDATES`` compiled, checked against ``ref`` and timed
+        in a few interleaved rounds; the fastest as a case, and a note naming it."""
+        tried: list[tuple[Case, float]] = []
+        for variant in jb.CPU_CANDIDATES:
+            fn, secs = jb.compile_for(jb.rollout_variant_fn(variant), *args)
+            got = np.asarray(fn(*args), dtype=np.float64).transpose(1, 0, 2)
+            err = check(f"{JAX_ROLLOUT}, {variant.label}", got, ref, lengths)
+            call = functools.partial(fn, *args)
+            tried.append((Case(variant.label, call, _block, err=err), secs))
+        cases = [case for case, _ in tried]
+        times: dict[str, list[float]] = {case.name: [] for case in cases}
+        for r in range(SWEEP_ROUNDS):
+            for case in [*cases[r % len(cases) :], *cases[: r % len(cases)]]:
+                times[case.name].append(_clock(case, 1))
+        medians = {name: statistics.median(ts) for name, ts in times.items()}
+        kept, secs = min(tried, key=lambda t: medians[t[0].name])
+        self.res.compile.append((f"JAX jit compile, rollout {kept.name} ({label})", _fmt_s(secs)))
+        others = "; ".join(f"{name} {_fmt_s(t)}" for name, t in medians.items())
+        self.res.notes.append(
+            f"JAX rollout at {label}: the fastest of {len(cases)} ways of writing it, "
+            f"**{kept.name}**, is the JAX row (medians of {SWEEP_ROUNDS} interleaved calls: "
+            f"{others})."
+        )
+        return kept
+
     def bench_traveller(self, base: Traveller) -> None:
         for i, (batch, steps) in enumerate(self.plan.traveller_shapes):
             label = shape_label(batch, steps)
@@ -261,6 +293,14 @@ class TravellerBench(SuiteBase):
             builders = self.traveller_builders(base, seqs, 200 + i, label)
             n = sum(len(u) for u in seqs)
             self.run_shape(builders, self.res.traveller, batch, steps, n)
+            by_name = {r.name: r for r in self.res.traveller if r.shape == label}
+            numba, jax_row = by_name.get('Traveller.rollout, "numba"'), by_name.get(JAX_ROLLOUT)
+            if numba is not None and jax_row is not None:
+                self.res.notes.append(
+                    f"numba rollout / JAX rollout at {label}: "
+                    f"{numba.timing.median / jax_row.timing.median:.2f}× (medians"
+                    f"{', JAX in its own process' if self.jax_process else ', same rounds'})."
+                )
         try:
             auto = rollout_backend_fn("auto", self.device)[1]
             self.res.notes.append(
