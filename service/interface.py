@@ -123,6 +123,18 @@ class StateMismatch(ValueError):
     """A carried state made by another model, or by another version of this one."""
 
 
+class ModelChanged(ValueError):
+    """A reload changed the model after the request was checked against it: its rows are not
+    the width the version serving now takes (the HTTP layer checked them against the old one)."""
+
+    @classmethod
+    def width(cls, name: str, version: str, width: int, given: int) -> ModelChanged:
+        return cls(
+            f"model '{name}' changed while this request was on its way: version '{version}' "
+            f"takes {width} input features per step, the request's steps have {given}"
+        )
+
+
 class NonFiniteInput(ValueError):
     """A request's sequences hold a NaN or an infinity, found by the engine (or by the model in
     its own pass over them); the layer that has the request's body says where."""
@@ -194,7 +206,8 @@ class Runtime(Protocol):
     """What the HTTP layer uses of a runtime: :class:`ModelRuntime` in this process, or
     :class:`rnnserve.service.ipc.worker_side.RemoteRuntime` in an HTTP worker of ``rnnserve
     --workers N``. Both raise the same errors: ``UnknownModel``, ``QueueFull``, ``BatcherClosed``,
-    ``StreamingUnavailable``, and ``NonFiniteInput`` for sequences that hold a NaN or an
+    ``StreamingUnavailable``, ``ModelChanged`` for rows checked against a version a reload has
+    replaced since, and ``NonFiniteInput`` for sequences that hold a NaN or an
     infinity (the HTTP layer need not check binary bodies for them).
 
     ``models`` is replaced, never changed in place, when a reload changes what is served; the

@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -46,6 +47,7 @@ from rnnserve.service.engine.reload import (
 from rnnserve.service.interface import (
     CarriedState,
     FlatSequences,
+    ModelChanged,
     NonFiniteInput,
     Piece,
     ReloadReport,
@@ -165,6 +167,15 @@ def _batch_start(
     }
 
 
+def _refuse_another_width(served: ServedModel, sequences: Item) -> None:
+    """Raise :class:`ModelChanged` for rows of another width than the model takes: the HTTP
+    layer checked them against the version a reload has replaced since (the model itself would
+    fail on them)."""
+    given = sequences.data.shape[1] if sequences.data.ndim == 2 else 0
+    if sequences.total and given != served.input_dim:
+        raise ModelChanged.width(served.name, served.version, served.input_dim, given)
+
+
 def _refuse_non_finite(served: ServedModel, sequences: Item) -> None:
     """Raise :class:`NonFiniteInput` for sequences with a NaN or an infinity, unless the model
     finds them in its own pass (then only that request fails, not its batch)."""
@@ -272,7 +283,10 @@ class ModelRuntime:
         self.metrics = metrics
         self.device = resolve_device(settings.device)
         self.models: dict[str, ServedModel] = {}  # replaced, never changed, by a reload
-        self._listeners: list[Callable[[], None]] = []
+        # new models a reload has started but not listed yet: requests reach them while the
+        # HTTP workers of --workers N learn their names (then they are listed)
+        self.staged: dict[str, ServedModel] = {}
+        self._listeners: list[Callable[[], object]] = []
         self._reloading = asyncio.Lock()  # one reload at a time, whatever asked for it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poll: asyncio.Task[None] | None = None
@@ -339,8 +353,11 @@ class ModelRuntime:
 
     # -- reloads ----------------------------------------------------------------------------
 
-    def on_models_changed(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (on the event loop) each time a reload changes the served models."""
+    def on_models_changed(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` (on the event loop) each time a reload changes the served or the
+        staged models. A callback may return an awaitable (the engine's announcement to the
+        HTTP workers): the reload waits for it before it lists the staged models, and before
+        it returns."""
         self._listeners.append(callback)
 
     def reload_soon(self, why: str = "SIGHUP") -> None:
@@ -380,7 +397,8 @@ class ModelRuntime:
                 for name in self.models:
                     if name not in names:
                         self._remove(name, report)
-                self._swap(fresh, report.removed)
+                await self._stage({n: m for n, m in fresh.items() if n not in self.models})
+                await self._wait_for(self._swap(fresh, report.removed))
             self._count(report)
             return report
 
@@ -437,22 +455,51 @@ class ModelRuntime:
                 return f"'{name}' is --default-{wanted}: a reload may not {change}"
         return None
 
-    def _swap(self, fresh: dict[str, ServedModel], removed: list[str]) -> None:
-        """Serve ``fresh`` and stop serving ``removed``, in one step on the event loop: each
-        request then goes to one version, which runs its whole batch."""
-        if not fresh and not removed:
+    async def _stage(self, new: dict[str, ServedModel]) -> None:
+        """Start the models new to the server and take requests for them, unlisted, until
+        every listener has them: with --workers N every HTTP worker then accepts their names
+        before any worker lists them, so none answers 404 for a model another one lists."""
+        if not new:
             return
-        for served in fresh.values():
+        for served in new.values():
             served.batcher.start()
+        self.staged = new
+        await self._wait_for(self._tell_listeners())
+
+    def _swap(self, fresh: dict[str, ServedModel], removed: list[str]) -> list[Awaitable[object]]:
+        """Serve ``fresh`` and stop serving ``removed``, in one step on the event loop: each
+        request then goes to one version, which runs its whole batch. What the listeners
+        returned to wait for."""
+        if not fresh and not removed:
+            return []
+        for served in fresh.values():
+            served.batcher.start()  # a staged one's is running already
         old = [self.models[name] for name in (*fresh, *removed) if name in self.models]
         kept = {name: m for name, m in self.models.items() if name not in removed}
         self.models = dict(sorted({**kept, **fresh}.items()))
+        self.staged = {}
+        waits = self._tell_listeners()
+        self._keep(asyncio.ensure_future(self._retire(old)))
+        return waits
+
+    def _tell_listeners(self) -> list[Awaitable[object]]:
+        waits: list[Awaitable[object]] = []
         for callback in self._listeners:
             try:
-                callback()
+                result = callback()
             except Exception:
                 log.exception("a listener of the model list failed")
-        self._keep(asyncio.ensure_future(self._retire(old)))
+                continue
+            if inspect.isawaitable(result):
+                waits.append(result)
+        return waits
+
+    async def _wait_for(self, waits: list[Awaitable[object]]) -> None:
+        """Wait for what the listeners returned; a listener that fails is logged, not the
+        reload's failure (each bounds its own wait)."""
+        for outcome in await asyncio.gather(*waits, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.error("a listener of the model list failed: %s", outcome)
 
     async def _retire(self, old: list[ServedModel]) -> None:
         """Let old versions finish the requests they were given, then free them."""
@@ -648,6 +695,9 @@ class ModelRuntime:
         try:
             return self.models[name]
         except KeyError:
+            staged = self.staged.get(name)
+            if staged is not None:
+                return staged
             known = ", ".join(sorted(self.models)) or "none"
             raise UnknownModel(f"no model named '{quote(name)}' (served: {known})") from None
 
@@ -663,6 +713,7 @@ class ModelRuntime:
                 f"model '{name}' cannot stream: streaming needs a Traveller with "
                 "continuous rollout scheduling"
             )
+        _refuse_another_width(served, sequences)
         _refuse_non_finite(served, sequences)
         _check_state(served, sequences)
         return served.batcher.stream(
@@ -678,6 +729,7 @@ class ModelRuntime:
         served = self.get(name)
         if not isinstance(sequences, FlatSequences):
             sequences = FlatSequences.from_arrays(sequences, served.input_dim)
+        _refuse_another_width(served, sequences)
         _refuse_non_finite(served, sequences)
         _check_state(served, sequences)
         out = await served.batcher.submit(sequences, size=len(sequences), cost=sequences.total)

@@ -42,6 +42,11 @@ CATALOGUE: dict[str, ErrorKind] = {
         state_mismatch="the state's model or version is not the model's that serves it now",
     ),
     **_kinds(
+        409, "the model changed after the request was checked against it",
+        model_changed="a reload changed the model's input width while the request was on "
+        "its way; send it again",
+    ),
+    **_kinds(
         408, "the body (or the request head) did not arrive in time",
         body_timeout="the body did not arrive within body_timeout_s",
         header_timeout="the request line and headers did not arrive within header_timeout_s",

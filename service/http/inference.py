@@ -50,6 +50,7 @@ from rnnserve.service.interface import (
     BatcherClosed,
     EngineUnavailable,
     Limits,
+    ModelChanged,
     NonFiniteInput,
     QueueFull,
     RequestContext,
@@ -382,6 +383,7 @@ RUNTIME_ERRORS: dict[type[Exception], tuple[str, bool]] = {
     BatcherClosed: ("shutting_down", False),
     EngineUnavailable: ("engine_unavailable", False),  # several workers: the engine has gone
     StateMismatch: ("state_mismatch", False),  # a reload replaced the version since the check
+    ModelChanged: ("model_changed", True),  # a reload changed the width since the check
 }
 
 

@@ -6,14 +6,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from rnnserve.service import tracing
-from rnnserve.service.interface import RequestContext, Runtime, open_request, state_shapes
+from rnnserve.service.interface import (
+    RequestContext,
+    Runtime,
+    ServedInfo,
+    open_request,
+    state_shapes,
+)
 from rnnserve.service.ipc.frames import (
     STREAM_LIMIT,
     Frame,
@@ -27,6 +35,11 @@ from rnnserve.service.ipc.frames import (
 )
 
 log = logging.getLogger(__name__)
+
+# a worker acknowledges a MODELS frame as soon as its read loop reaches it; one that has not in
+# this long is stuck (or going: its connection's end counts as its answer), and the reload
+# goes on without it rather than hold every other model's swap
+MODELS_ACK_TIMEOUT_S = 10.0
 
 
 def _logged(request: RequestContext | None) -> bool:
@@ -42,6 +55,7 @@ class _Connection:
         self.runtime, self.reader, self.writer = runtime, reader, writer
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.greeted = False  # it has the model list: later changes are sent to it
+        self.acks: dict[int, asyncio.Future[None]] = {}  # MODELS frames sent, not yet acked
 
     async def serve(self) -> None:
         try:
@@ -54,6 +68,7 @@ class _Connection:
                 task.cancel()  # its requests leave the queue or the running batch
             if self.tasks:
                 await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+            self._acked(max(self.acks, default=0))  # a worker gone waits for no list
             self.writer.close()
             with contextlib.suppress(ConnectionError):
                 await self.writer.wait_closed()
@@ -71,6 +86,8 @@ class _Connection:
             running = self.tasks.get(frame.id)
             if running is not None:
                 running.cancel()
+        elif frame.op == Op.MODELS:
+            self._acked(frame.id)
         else:
             wrong = FrameError(f"{frame.op.name} is not a request")
             self._send(error_frame(frame.id, wrong, logged=False))
@@ -78,8 +95,27 @@ class _Connection:
     def _forget(self, call_id: int, _: object) -> None:
         self.tasks.pop(call_id, None)
 
+    def announce(self, frame: Frame) -> asyncio.Future[None]:
+        """Send a MODELS frame; done once the worker has acknowledged it (or has gone)."""
+        done = self.acks[frame.id] = asyncio.get_running_loop().create_future()
+        self._send(frame)
+        return done
+
+    def _acked(self, announced: int) -> None:
+        """The worker has the model lists of every MODELS frame up to ``announced``."""
+        for number in [n for n in self.acks if n <= announced]:
+            done = self.acks.pop(number)
+            if not done.done():
+                done.set_result(None)
+
     def _hello(self) -> bytes:
-        return orjson.dumps({"pid": os.getpid(), "models": served_models(self.runtime)})
+        return orjson.dumps(
+            {
+                "pid": os.getpid(),
+                "models": served_models(self.runtime),
+                "staged": staged_models(self.runtime),
+            }
+        )
 
     async def _reload(self, frame: Frame) -> None:
         try:
@@ -145,6 +181,17 @@ class _Connection:
 
 def served_models(runtime: Runtime) -> list[dict[str, Any]]:
     """The served models as the workers learn them (HELLO, MODELS)."""
+    return describe(runtime.models)
+
+
+def staged_models(runtime: Runtime) -> list[dict[str, Any]]:
+    """The models a reload has started but not listed yet (``ModelRuntime.staged``): a worker
+    takes requests for them, and lists them once a MODELS frame lists them."""
+    staged: Mapping[str, ServedInfo] = getattr(runtime, "staged", {})
+    return describe(staged)
+
+
+def describe(served: Mapping[str, ServedInfo]) -> list[dict[str, Any]]:
     return [
         {
             "name": m.name,
@@ -155,8 +202,19 @@ def served_models(runtime: Runtime) -> list[dict[str, Any]]:
             "loaded_at": m.loaded_at,
             "state_shapes": {part: list(dims) for part, dims in (state_shapes(m) or {}).items()},
         }
-        for m in runtime.models.values()
+        for m in served.values()
     ]
+
+
+async def _all_acknowledged(acks: list[asyncio.Future[None]], announced: int) -> None:
+    if not acks:
+        return
+    _, late = await asyncio.wait(acks, timeout=MODELS_ACK_TIMEOUT_S)
+    if late:
+        log.warning(
+            "model list %d: %d worker(s) did not acknowledge it in %.0f s; going on",
+            announced, len(late), MODELS_ACK_TIMEOUT_S,
+        )  # fmt: skip
 
 
 class EngineServer:
@@ -170,13 +228,16 @@ class EngineServer:
         self._connections: dict[_Connection, asyncio.Task[None]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+        self._announcements = itertools.count(1)
 
-    def announce_models(self) -> None:
-        """Send the served models to every worker: call it each time a reload changes them."""
-        frame = Frame(Op.MODELS, text=orjson.dumps({"models": served_models(self.runtime)}))
-        for connection in self._connections:
-            if connection.greeted:
-                connection._send(frame)
+    def announce_models(self) -> asyncio.Future[None]:
+        """Send the served and the staged models to every worker: call it each time a reload
+        changes them. Done once every worker has acknowledged the list (or has gone), or after
+        :data:`MODELS_ACK_TIMEOUT_S`."""
+        doc = {"models": served_models(self.runtime), "staged": staged_models(self.runtime)}
+        frame = Frame(Op.MODELS, next(self._announcements), text=orjson.dumps(doc))
+        acks = [c.announce(frame) for c in self._connections if c.greeted]
+        return asyncio.ensure_future(_all_acknowledged(acks, frame.id))
 
     @property
     def connections(self) -> int:

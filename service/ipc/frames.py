@@ -19,9 +19,13 @@ log it a second time:
 =========== ============== =============================================================
 op          direction      sections
 =========== ============== =============================================================
-HELLO       both           worker: nothing; engine: JSON ``{"pid", "models": [...]}``, each
-                           model with its ``state_shapes`` ``{part: [dims]}``
-MODELS      engine->worker JSON ``{"models": [...]}``: a reload changed them (call id 0)
+HELLO       both           worker: nothing; engine: JSON ``{"pid", "models": [...],
+                           "staged": [...]}``, each model with its ``state_shapes``
+                           ``{part: [dims]}``
+MODELS      both           engine: JSON ``{"models": [...], "staged": [...]}``, a reload
+                           changed them (call id: the list's number); worker: nothing, it
+                           has list number ``call id`` (the engine lists a staged model
+                           once every worker has it)
 RELOAD      worker->engine nothing: reload the model directory (``POST /admin/reload``)
 RELOADED    engine->worker JSON: what the reload did (``ReloadReport.as_json``)
 INFER       worker->engine ``model\\0request id\\0traceparent``, lengths ``[N]``,
@@ -60,6 +64,7 @@ from rnnserve.service.interface import (
     BatcherClosed,
     CarriedState,
     FlatSequences,
+    ModelChanged,
     NonFiniteInput,
     Piece,
     QueueFull,
@@ -106,6 +111,7 @@ class Code(enum.IntEnum):
     BAD_FRAME = 6
     NON_FINITE = 7
     STATE_MISMATCH = 8
+    MODEL_CHANGED = 9
 
 
 class EngineError(RuntimeError):
@@ -123,6 +129,7 @@ _CODES: dict[type[Exception], Code] = {
     StreamingUnavailable: Code.STREAMING_UNAVAILABLE,
     NonFiniteInput: Code.NON_FINITE,
     StateMismatch: Code.STATE_MISMATCH,
+    ModelChanged: Code.MODEL_CHANGED,
     FrameError: Code.BAD_FRAME,
 }
 _EXCEPTIONS: dict[Code, type[Exception]] = {
@@ -132,6 +139,7 @@ _EXCEPTIONS: dict[Code, type[Exception]] = {
     Code.STREAMING_UNAVAILABLE: StreamingUnavailable,
     Code.NON_FINITE: NonFiniteInput,
     Code.STATE_MISMATCH: StateMismatch,
+    Code.MODEL_CHANGED: ModelChanged,
 }
 
 _NO_INTS = np.empty(0, np.int64)

@@ -133,6 +133,9 @@ class RemoteRuntime:
         self.on_lost = on_lost
         self.engine_pid: int | None = None
         self._models: dict[str, RemoteModel] = {}
+        # started by a reload, not listed yet: taken by get, so that no request for a model
+        # that another worker lists already is refused here
+        self._staged: dict[str, RemoteModel] = {}
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reading: asyncio.Task[None] | None = None
@@ -171,6 +174,7 @@ class RemoteRuntime:
         served = orjson.loads(hello.text)
         self.engine_pid = int(served["pid"])
         self._models = RemoteModel.all_of(served["models"])
+        self._staged = RemoteModel.all_of(served.get("staged", []))
         self._reader, self._writer = reader, writer
         self._available = True
         self._reading = asyncio.ensure_future(self._read())
@@ -216,7 +220,13 @@ class RemoteRuntime:
         self._listeners.append(callback)
 
     def _models_changed(self, frame: Frame) -> None:
-        self._models = RemoteModel.all_of(orjson.loads(frame.text)["models"])
+        doc = orjson.loads(frame.text)
+        self._models = RemoteModel.all_of(doc["models"])
+        self._staged = RemoteModel.all_of(doc.get("staged", []))
+        # the engine waits for this before it lists a staged model; requests checked from now
+        # on follow it on the connection
+        if frame.id and self._writer is not None and not self._writer.is_closing():
+            self._writer.writelines(Frame(Op.MODELS, frame.id).buffers())
         for callback in self._listeners:
             try:
                 callback()
@@ -258,6 +268,9 @@ class RemoteRuntime:
         try:
             return self._models[name]
         except KeyError:
+            staged = self._staged.get(name)
+            if staged is not None:
+                return staged
             known = ", ".join(sorted(self._models)) or "none"
             raise UnknownModel(f"no model named '{quote(name)}' (served: {known})") from None
 

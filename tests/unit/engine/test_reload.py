@@ -9,6 +9,7 @@ the smoother's own kernel run on the same rows, so answers compare exactly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -25,7 +26,11 @@ from rnnserve import models
 from rnnserve.models.smoothing import LinearRecursion
 from rnnserve.service.config import Settings
 from rnnserve.service.engine.runtime import ModelRuntime
-from rnnserve.service.interface import FlatSequences, UnknownModel
+from rnnserve.service.interface import (
+    FlatSequences,
+    ModelChanged,
+    UnknownModel,
+)
 from rnnserve.service.metrics import Metrics
 from tests.metrics import value
 
@@ -35,16 +40,23 @@ ROWS = FlatSequences.from_arrays(
 )
 
 
-def smoother(alpha: float) -> LinearRecursion:
-    module = models.build("smoother", {"feat_dim": WIDTH, "alpha_smooth": alpha})
+def smoother(alpha: float, width: int = WIDTH) -> LinearRecursion:
+    module = models.build("smoother", {"feat_dim": width, "alpha_smooth": alpha})
     assert isinstance(module, LinearRecursion)
     return module.eval().requires_grad_(False)
 
 
-def write(folder: Path, name: str, alpha: float) -> None:
+def write(folder: Path, name: str, alpha: float, width: int = WIDTH) -> None:
     """As a deployment replaces a file: written aside, then moved over the old one at once."""
     aside = folder / f".{name}.partial"
-    models.save(smoother(alpha), aside)
+    models.save(smoother(alpha, width), aside)
+    os.replace(aside, folder / f"{name}.safetensors")
+
+
+def write_traveller(folder: Path, name: str, inputs: int) -> None:
+    aside = folder / f".{name}.partial"
+    config = {"num_inputs": inputs, "hidden_size": 8, "num_layers": 1}
+    models.save(models.build("traveller", config), aside)
     os.replace(aside, folder / f"{name}.safetensors")
 
 
@@ -232,3 +244,119 @@ async def test_the_poll_reloads_a_changed_folder(tmp_path: Path) -> None:
         np.testing.assert_array_equal((await runtime.infer("a", ROWS)).data, answer(0.9))
     finally:
         await runtime.stop()
+
+
+def rows(width: int, *lengths: int) -> FlatSequences:
+    rng = np.random.default_rng(width)
+    return FlatSequences.from_arrays(
+        [rng.standard_normal((n, width)).astype(np.float32) for n in lengths]
+    )
+
+
+async def test_rows_checked_against_the_width_a_reload_replaced_are_a_model_changed(
+    served: tuple[ModelRuntime, Path],
+) -> None:
+    """As the HTTP layer checks a request against the served model, then submits it: a reload
+    that lands in between and makes the model wider refuses the request, naming the width."""
+    runtime, folder = served
+    checked = runtime.get("a")  # the HTTP layer's check: 4 features a step
+    assert checked.input_dim == WIDTH
+    state = (await runtime.infer("a", dataclasses.replace(ROWS, return_state=True))).state
+    assert state is not None
+    write(folder, "a", 0.9, width=6)
+    assert (await runtime.reload()).changed == ["a"]
+    new = runtime.models["a"]
+    for request in (
+        ROWS,
+        dataclasses.replace(ROWS, return_state=True),
+        dataclasses.replace(ROWS, state=state, return_state=True),  # the old version's state
+    ):
+        with pytest.raises(ModelChanged) as raised:
+            await runtime.infer("a", request)
+        assert str(raised.value) == (
+            f"model 'a' changed while this request was on its way: version '{new.version}' "
+            "takes 6 input features per step, the request's steps have 4"
+        )
+    with pytest.raises(ModelChanged, match="takes 6 input features"):
+        await runtime.infer("a", list(ROWS))  # arrays, not flat rows: the same check
+    wide = rows(6, 3, 5)  # the new width is served
+    np.testing.assert_array_equal(
+        (await runtime.infer("a", wide)).data, smoother(0.9, 6).smooth_flat(wide.data, wide.lengths)
+    )
+
+
+async def test_a_stream_checked_against_the_width_a_reload_replaced_is_a_model_changed(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, "a", 0.5)
+    write_traveller(tmp_path, "t", 3)
+    runtime = ModelRuntime(Settings(model_dir=tmp_path, device="cpu", max_delay_ms=1.0))
+    await runtime.start()
+    try:
+        assert runtime.get("t").input_dim == 3
+        narrow = rows(3, 4, 2)
+        assert len([c async for c in await runtime.open_stream("t", narrow)]) >= 1
+        write_traveller(tmp_path, "t", 5)
+        assert (await runtime.reload()).changed == ["t"]
+        version = runtime.models["t"].version
+        for request in (narrow, dataclasses.replace(narrow, return_state=True)):
+            with pytest.raises(ModelChanged, match=f"version '{version}' takes 5 input"):
+                runtime.stream("t", request)
+            with pytest.raises(ModelChanged, match="the request's steps have 3"):
+                await runtime.open_stream("t", request)
+        assert len([c async for c in await runtime.open_stream("t", rows(5, 4, 2))]) >= 1
+    finally:
+        await runtime.stop()
+
+
+async def test_a_new_model_takes_requests_before_it_is_listed_until_the_listeners_have_it(
+    served: tuple[ModelRuntime, Path],
+) -> None:
+    """A listener that returns an awaitable (the engine's announcement to the HTTP workers) holds
+    a new model unlisted but served until it is done; then the model is listed."""
+    runtime, folder = served
+    told = asyncio.Event()
+    seen: list[tuple[list[str], list[str]]] = []
+    heard = asyncio.get_running_loop().create_future()
+
+    def listener() -> asyncio.Future[None]:
+        seen.append((sorted(runtime.models), sorted(runtime.staged)))
+        told.set()
+        return heard
+
+    runtime.on_models_changed(listener)
+    write(folder, "c", 0.2)
+    reload = asyncio.ensure_future(runtime.reload())
+    try:
+        await asyncio.wait_for(told.wait(), 30)
+        assert seen == [(["a", "b"], ["c"])]
+        assert "c" not in runtime.models
+        assert runtime.get("c").version == runtime.staged["c"].version
+        np.testing.assert_array_equal((await runtime.infer("c", ROWS)).data, answer(0.2))
+        assert not reload.done()
+    finally:
+        heard.set_result(None)  # a failed check above leaves no reload waiting on it
+    report = await asyncio.wait_for(reload, 30)
+    assert report.loaded == ["c"]
+    assert seen == [(["a", "b"], ["c"]), (["a", "b", "c"], [])]
+    assert runtime.staged == {}
+    np.testing.assert_array_equal((await runtime.infer("c", ROWS)).data, answer(0.2))
+
+
+async def test_a_listener_that_fails_its_wait_does_not_fail_the_reload(
+    served: tuple[ModelRuntime, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime, folder = served
+
+    async def failing() -> None:
+        raise OSError("the socket is gone")
+
+    runtime.on_models_changed(failing)
+    write(folder, "c", 0.2)
+    with caplog.at_level(logging.ERROR, logger="rnnserve.service.engine.runtime"):
+        report = await runtime.reload()
+    assert report.loaded == ["c"]
+    assert sorted(runtime.models) == ["a", "b", "c"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "a listener of the model list failed: the socket is gone"
+    ] * 2

@@ -34,6 +34,7 @@ from rnnserve.service.interface import (
     CarriedState,
     EngineUnavailable,
     FlatSequences,
+    ModelChanged,
     Piece,
     QueueFull,
     ReloadReport,
@@ -132,6 +133,7 @@ def test_progress_round_trips() -> None:
         BatcherClosed("smoother is not accepting work"),
         StreamingUnavailable("model 'smoother' cannot stream"),
         StateMismatch("the state was made by model 'smoother' version 'a'"),
+        ModelChanged.width("smoother", "0123456789ab", 6, 4),
     ],
 )
 def test_errors_come_back_as_the_same_exception(exc: Exception) -> None:
