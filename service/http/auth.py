@@ -125,32 +125,16 @@ class Held:
     n = 0
 
 
-def _native_body(request: Request) -> bool:
-    """Whether the route reads the body in the native formats (``/smooth``, ``/rollout``,
-    ``/models/{name}/infer``): the Open Inference Protocol's routes read their own."""
-    route = request.scope.get("route")  # FastAPI's routes; the fast path has none
-    if route is not None:
-        return any(getattr(route, "path", None) == e.path for e in endpoints.INFERENCE)
-    return endpoints.by_path(request.scope["path"]) is not None
-
-
-def _safetensors_bound(request: Request, declared: str, limit: int) -> int | None:
-    """The most bytes the body can have if it is a safetensors body the route decodes (its
-    declared length, else the body limit); ``None``: it is not one."""
-    if not bodies.is_safetensors(request.headers.get("content-type")):
-        return None
-    if not _native_body(request):
-        return None
-    return int(declared) if declared.isdigit() else limit
-
-
-async def read_body(request: Request, limit: int, timeout_s: float, held: Held) -> bytes:
+async def read_body(
+    request: Request, limit: int, timeout_s: float, held: Held, safetensors: bool = False
+) -> bytes:
     """The body, within ``limit`` bytes and ``timeout_s`` seconds, counted against the budget as
     it arrives. A declared length over ``limit``, or over the budget's room now, is refused
     before the client sends it; but only bytes that came are held, so clients that declare
-    large bodies and send nothing deny nobody. A safetensors body whose first 8 bytes declare
-    a header the decoder would refuse (past the body's end, or over its limit) is refused with
-    the decoder's own error as soon as they come, not once the whole body is held. A body cut
+    large bodies and send nothing deny nobody. A body the caller reads as ``safetensors`` whose
+    first 8 bytes declare a header the decoder would refuse (past the body's end, or over its
+    limit) is refused with the decoder's own error as soon as they come, not once the whole
+    body is held. A body cut
     short (the connection closed before its end: a hang-up, or a chunked body that broke off,
     which uvicorn answers itself) raises :class:`ClientGone`."""
     too_big = RequestError("body_too_large", f"request body is over {limit} bytes")
@@ -161,7 +145,8 @@ async def read_body(request: Request, limit: int, timeout_s: float, held: Held) 
             raise too_big
         if int(declared) > budget.room():
             raise overloaded(budget)
-    header_bound = _safetensors_bound(request, declared, limit)
+    # the most bytes a safetensors header can take: the declared length, else the limit
+    header_bound = (int(declared) if declared.isdigit() else limit) if safetensors else None
     chunks: list[bytes] = []
     size = 0
     try:

@@ -212,9 +212,14 @@ def admit(call: Call) -> None:
 
 
 async def read_request_body(call: Call) -> bytes:
+    """The body. The native endpoints' safetensors bodies have their header length checked on
+    the first 8 bytes; the Open Inference Protocol's binary extension is a format of its own."""
     settings: Settings = call.state.settings
+    safetensors = call.endpoint in endpoints.INFERENCE and bodies.is_safetensors(
+        call.request.headers.get("content-type")
+    )
     return await read_body(
-        call.request, settings.max_request_bytes, settings.body_timeout_s, call.held
+        call.request, settings.max_request_bytes, settings.body_timeout_s, call.held, safetensors
     )
 
 

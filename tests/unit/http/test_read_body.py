@@ -14,7 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from starlette.requests import Request
 
+from rnnserve.service import endpoints
 from rnnserve.service.codec import bodies
+from rnnserve.service.endpoints import Endpoint
 from rnnserve.service.http import auth, inference, outcomes, streaming
 from rnnserve.service.http.errors import status as status_of
 from rnnserve.service.interface import Limits, RequestError
@@ -334,15 +336,12 @@ OVER = bodies.MAX_SAFETENSORS_HEADER + 1
 
 
 def _st_request(
-    pieces: list[bytes], declared: int | None, path: str = "/smooth", route: Any = None
+    pieces: list[bytes], declared: int | None
 ) -> tuple[Request, auth.ByteBudget, list[int]]:
-    """A safetensors POST to ``path`` (``route``: the FastAPI route it went through, if any),
-    its receive() counting its calls, and the byte budget it reads against."""
+    """A safetensors POST, its receive() counting its calls, and the byte budget it reads
+    against."""
     request, budget, calls = _budgeted(pieces, declared, budget=1 << 30)
-    request.scope["path"] = path
     request.scope["headers"].append((b"content-type", bodies.SAFETENSORS.encode()))
-    if route is not None:
-        request.scope["route"] = route
     return request, budget, calls
 
 
@@ -375,7 +374,7 @@ def test_a_header_the_decoder_would_refuse_is_refused_on_its_first_8_bytes(
     request, budget, calls = _st_request(pieces, body_size)
     held = auth.Held()
     with pytest.raises(RequestError) as err:
-        asyncio.run(auth.read_body(request, 64 << 20, 5.0, held))
+        asyncio.run(auth.read_body(request, 64 << 20, 5.0, held, safetensors=True))
     # the decoder's own error, type and message, as if the whole body had been read
     assert err.value == _decoder_error(body)
     assert status_of(err.value.type) == 400
@@ -389,7 +388,7 @@ def test_a_header_length_split_over_pieces_is_read_whole_before_it_is_checked() 
     request, budget, calls = _st_request(pieces, len(body))
     held = auth.Held()
     with pytest.raises(RequestError) as err:
-        asyncio.run(auth.read_body(request, 64 << 20, 5.0, held))
+        asyncio.run(auth.read_body(request, 64 << 20, 5.0, held, safetensors=True))
     assert err.value == _decoder_error(body)
     assert calls == [3]  # refused on the piece that completed the 8 bytes
     assert held.n == budget.used == 5  # the two pieces before it; the caller gives them back
@@ -401,7 +400,7 @@ def test_without_a_declared_length_the_body_limit_bounds_the_header() -> None:
     body = _declaring(limit - 7, 4096)
     request, _, calls = _st_request([body[:100], body[100:]], None)
     with pytest.raises(RequestError) as err:
-        asyncio.run(auth.read_body(request, limit, 5.0, auth.Held()))
+        asyncio.run(auth.read_body(request, limit, 5.0, auth.Held(), safetensors=True))
     assert err.value == _decoder_error(body)
     assert calls == [1]
 
@@ -410,7 +409,7 @@ def test_without_a_declared_length_a_header_over_its_limit_is_refused_with_the_l
     body = _declaring(OVER, 4 * OVER)
     request, _, calls = _st_request([body[:100], body[100:]], None)
     with pytest.raises(RequestError) as err:
-        asyncio.run(auth.read_body(request, 64 << 20, 5.0, auth.Held()))
+        asyncio.run(auth.read_body(request, 64 << 20, 5.0, auth.Held(), safetensors=True))
     assert err.value == _decoder_error(body)
     assert calls == [1]
 
@@ -424,44 +423,44 @@ def test_a_header_within_the_limit_and_the_body_is_read_whole(
     pieces = [body[:4], body[4:9], body[9:]]
     request, budget, _ = _st_request(pieces, len(body) if declared else None)
     held = auth.Held()
-    assert asyncio.run(auth.read_body(request, 64 << 20, 5.0, held)) == body
+    assert asyncio.run(auth.read_body(request, 64 << 20, 5.0, held, safetensors=True)) == body
     assert held.n == budget.used == len(body)
 
 
-@pytest.mark.parametrize(
-    ("path", "route"),
-    [
-        ("/smooth", None),  # the fast path: no route in the scope
-        ("/rollout", None),
-        ("/models/m/infer", None),
-        ("/api/models/m/infer", SimpleNamespace(path="/models/{name}/infer")),  # a root_path
-    ],
-)
-def test_every_native_inference_route_refuses_early(path: str, route: Any) -> None:
+def _read_as(endpoint: Endpoint, request: Request) -> bytes:
+    """The body as the inference steps read it for ``endpoint``."""
+    request.scope["app"].state.settings = SimpleNamespace(
+        max_request_bytes=64 << 20, body_timeout_s=5.0
+    )
+    gauge = Gauge("requests", "in flight", registry=CollectorRegistry())
+    return asyncio.run(inference.read_request_body(inference.Call(request, endpoint, None, gauge)))
+
+
+@pytest.mark.parametrize("endpoint", endpoints.INFERENCE, ids=lambda e: e.path)
+def test_every_native_inference_endpoint_refuses_early(endpoint: Endpoint) -> None:
     body = _declaring(OVER, 4 * OVER)
-    request, _, calls = _st_request([body[:100], body[100:]], len(body), path, route)
+    request, _, calls = _st_request([body[:100], body[100:]], len(body))
     with pytest.raises(RequestError) as err:
-        asyncio.run(auth.read_body(request, 64 << 20, 5.0, auth.Held()))
+        _read_as(endpoint, request)
     assert err.value.type == "invalid_safetensors"
     assert calls == [1]
 
 
 @pytest.mark.parametrize(
-    ("path", "route", "content_type"),
+    ("endpoint", "content_type"),
     [
         # KServe's binary extension is its own format, whatever the content type says
-        ("/v2/models/m/infer", None, bodies.SAFETENSORS),
-        ("/v2/models/m/infer", SimpleNamespace(path="/v2/models/{name}/infer"), bodies.SAFETENSORS),
-        ("/smooth", None, "application/json"),  # JSON: its first 8 bytes are no length
+        (endpoints.KSERVE_INFER, bodies.SAFETENSORS),
+        (endpoints.SMOOTH, "application/json"),  # JSON: its first 8 bytes are no length
     ],
 )
 def test_bodies_not_read_as_safetensors_are_not_checked(
-    path: str, route: Any, content_type: str
+    endpoint: Endpoint, content_type: str
 ) -> None:
     body = _declaring(OVER, 4 * OVER)
-    request, _, _ = _st_request([body[:100], body[100:]], len(body), path, route)
+    request, _, _ = _st_request([body[:100], body[100:]], len(body))
     request.scope["headers"] = [
         (k, content_type.encode() if k == b"content-type" else v)
         for k, v in request.scope["headers"]
     ]
-    assert asyncio.run(auth.read_body(request, 64 << 20, 5.0, auth.Held())) == body
+    assert _read_as(endpoint, request) == body
