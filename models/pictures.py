@@ -1,6 +1,6 @@
 """Pictures of trained models: ``python -m rnnserve.models.pictures --model-dir DIR --out DIR``.
 
-Reads a folder that ``python -m rnnserve.models.train`` wrote (``smoother`` and ``traveller``,
+Reads a folder that ``rnnserve train`` wrote (``smoother`` and ``traveller``,
 their ``.safetensors`` and the ``.json`` numbers beside them) and renders, with matplotlib:
 
 - ``trained_smoother.png``: noisy input, the smoother's answer and the clean signal, for a few

@@ -209,7 +209,7 @@ def model_card(
         for c in range(len(alpha))
     ]
     command = (
-        f"python -m rnnserve.models.train smoother --out {args.out} --name {name} "
+        f"rnnserve train smoother --out {args.out} --name {name} "
         f"--features {args.features} --steps {args.steps} --batch {args.batch} "
         f"--length {args.length} --lr {args.lr:g} --seed {args.seed}"
     )
@@ -440,7 +440,7 @@ def traveller_card(
     name: str, result: TravellerResult, args: argparse.Namespace, worst: float
 ) -> str:
     command = (
-        f"python -m rnnserve.models.train traveller --out {args.out} --name {name} "
+        f"rnnserve train traveller --out {args.out} --name {name} "
         f"--hidden {args.hidden} --layers {args.layers} --steps {args.steps} "
         f"--batch {args.batch} --length {args.length} --lr {args.lr:g} --seed {args.seed}"
     )

@@ -1,5 +1,5 @@
 """Write the default models that ship in models/weights: the trainer's output with its default
-settings and seed (``python -m rnnserve.models.train``), each with its model card and the card's
+settings and seed (``rnnserve train``), each with its model card and the card's
 numbers (``<name>.md``, ``<name>.json``).
 
 Run from the repository root: ``python scripts/make_weights.py [out_dir]`` (minutes on a CPU).

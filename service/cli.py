@@ -40,6 +40,7 @@ from rnnserve.service import tracing
 from rnnserve.service.config import Settings, package_version, unknown_environment
 from rnnserve.service.http.app import ENGINE_SOCKET_ENV, create_app, create_worker_app
 from rnnserve.service.http.protocol import HeaderTimeoutProtocol
+from rnnserve.service.http.ws_protocol import SessionWebSocketProtocol
 from rnnserve.service.interface import StartupError
 from rnnserve.service.lifeline import die_with_parent
 from rnnserve.service.logs import configure_logging, settings_line, uvicorn_log_config
@@ -101,6 +102,10 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "http": HeaderTimeoutProtocol,
         "limit_concurrency": settings.limit_concurrency,
         "h11_max_incomplete_event_size": settings.max_request_head_bytes,
+        # a session's frame is held to a body's limit, refused from its header with the
+        # session's own close reason (ws_protocol)
+        "ws": SessionWebSocketProtocol,
+        "ws_max_size": settings.max_request_bytes,
     }
 
 

@@ -79,6 +79,13 @@ class Settings(BaseSettings):
         description="Look at the model dir every this many seconds and reload it when a file "
         "changed (0: never; SIGHUP and POST /admin/reload reload it too).",
     )
+    models_ack_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="With --workers N, longest a reload waits for each HTTP worker to "
+        "acknowledge the new model list before it lists a new model (a worker that has not "
+        "by then is left behind, with a warning).",
+    )
     trust_torchscript: bool = Field(
         False,
         description="Serve <name>.torchscript.pt files in the model dir. TorchScript files are "

@@ -51,10 +51,12 @@ A = TypeVar("A")
 # close codes (RFC 6455 and the application's 4000-4999: 4000 + the HTTP status of the error)
 NORMAL = 1000
 POLICY_VIOLATION = 1008  # no bearer token, or a wrong one
-MESSAGE_TOO_BIG = 1009  # a frame over max_request_bytes
+MESSAGE_TOO_BIG = 1009  # a frame over max_request_bytes (TOO_LARGE)
 TRY_AGAIN_LATER = 1013  # max_sessions open already, or the server is not ready
 IDLE_TIMEOUT = 4408  # nothing came within session_idle_timeout_s
 _REASON_BYTES = 123  # the most a close frame's reason may hold (RFC 6455)
+
+TOO_LARGE = "body_too_large"  # the error type of a frame over max_request_bytes
 
 # a text frame this short may be a control message: read whole before it is taken as a chunk
 _CONTROL_BYTES = 256
@@ -64,13 +66,19 @@ def close_code(error_type: str) -> int:
     """The close code of a session refused or ended by ``error_type``."""
     if error_type == "unauthorized":
         return POLICY_VIOLATION
-    if error_type == "body_too_large":
+    if error_type == TOO_LARGE:
         return MESSAGE_TOO_BIG
     if error_type in ("not_ready", "too_many_sessions"):
         return TRY_AGAIN_LATER
     if error_type == "idle_timeout":
         return IDLE_TIMEOUT
     return 4000 + int(errors.status(error_type))
+
+
+def too_large_detail(limit: int) -> str:
+    """The detail of the close of a frame over ``limit`` bytes: the same whether the session
+    or the WebSocket layer (:mod:`rnnserve.service.http.ws_protocol`) refuses it."""
+    return f"a frame is over {limit} bytes (max_request_bytes)"
 
 
 def close_reason(error_type: str, detail: str) -> str:
@@ -222,10 +230,10 @@ class _Session:
     async def _frame(self, message: MutableMapping[str, Any], gone: asyncio.Event) -> None:
         binary = message.get("bytes") is not None
         frame: bytes = message["bytes"] if binary else (message.get("text") or "").encode()
+        # under rnnserve's uvicorn options the WebSocket layer refuses such a frame first
+        # (ws_protocol); this check holds the limit under any other ASGI server
         if len(frame) > self.settings.max_request_bytes:
-            raise _Ended(
-                "body_too_large", f"a frame is over {self.settings.max_request_bytes} bytes"
-            )
+            raise _Ended(TOO_LARGE, too_large_detail(self.settings.max_request_bytes))
         started = time.perf_counter()
         if not binary and _asks_state(frame):
             await self._send_state()

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from rnnserve.service import tracing
+from rnnserve.service.config import Settings
 from rnnserve.service.interface import (
     RequestContext,
     Runtime,
@@ -36,10 +37,19 @@ from rnnserve.service.ipc.frames import (
 
 log = logging.getLogger(__name__)
 
-# a worker acknowledges a MODELS frame as soon as its read loop reaches it; one that has not in
-# this long is stuck (or going: its connection's end counts as its answer), and the reload
-# goes on without it rather than hold every other model's swap
-MODELS_ACK_TIMEOUT_S = 10.0
+# a worker acknowledges a MODELS frame as soon as its read loop reaches it; one that has not
+# within ``models_ack_timeout_s`` is stuck (or going: its connection's end counts as its
+# answer), and the reload goes on without it rather than hold every other model's swap
+DEFAULT_MODELS_ACK_TIMEOUT_S: float = Settings.model_fields["models_ack_timeout_s"].default
+
+
+def models_ack_timeout_of(runtime: Runtime) -> float:
+    """The runtime's ``models_ack_timeout_s`` setting (the engine's ModelRuntime has settings;
+    a runtime without them gets the setting's default)."""
+    settings = getattr(runtime, "settings", None)
+    if isinstance(settings, Settings):
+        return settings.models_ack_timeout_s
+    return DEFAULT_MODELS_ACK_TIMEOUT_S
 
 
 def _logged(request: RequestContext | None) -> bool:
@@ -206,24 +216,32 @@ def describe(served: Mapping[str, ServedInfo]) -> list[dict[str, Any]]:
     ]
 
 
-async def _all_acknowledged(acks: list[asyncio.Future[None]], announced: int) -> None:
+async def _all_acknowledged(
+    acks: list[asyncio.Future[None]], announced: int, timeout_s: float
+) -> None:
     if not acks:
         return
-    _, late = await asyncio.wait(acks, timeout=MODELS_ACK_TIMEOUT_S)
+    _, late = await asyncio.wait(acks, timeout=timeout_s)
     if late:
         log.warning(
-            "model list %d: %d worker(s) did not acknowledge it in %.0f s; going on",
-            announced, len(late), MODELS_ACK_TIMEOUT_S,
+            "model list %d: %d worker(s) did not acknowledge it in %g s; going on",
+            announced, len(late), timeout_s,
         )  # fmt: skip
 
 
 class EngineServer:
     """Serves a runtime's models to HTTP workers on a Unix domain socket;
-    :meth:`announce_models` tells every connected worker the new model list."""
+    :meth:`announce_models` tells every connected worker the new model list and waits up to
+    ``models_ack_timeout_s`` (unset: the runtime's setting) for each to acknowledge it."""
 
-    def __init__(self, runtime: Runtime, path: str) -> None:
+    def __init__(
+        self, runtime: Runtime, path: str, models_ack_timeout_s: float | None = None
+    ) -> None:
         self.runtime = runtime
         self.path = path
+        self.models_ack_timeout_s = (
+            models_ack_timeout_of(runtime) if models_ack_timeout_s is None else models_ack_timeout_s
+        )
         self._server: asyncio.AbstractServer | None = None
         self._connections: dict[_Connection, asyncio.Task[None]] = {}
         self._idle = asyncio.Event()
@@ -233,11 +251,12 @@ class EngineServer:
     def announce_models(self) -> asyncio.Future[None]:
         """Send the served and the staged models to every worker: call it each time a reload
         changes them. Done once every worker has acknowledged the list (or has gone), or after
-        :data:`MODELS_ACK_TIMEOUT_S`."""
+        ``models_ack_timeout_s``."""
         doc = {"models": served_models(self.runtime), "staged": staged_models(self.runtime)}
         frame = Frame(Op.MODELS, next(self._announcements), text=orjson.dumps(doc))
         acks = [c.announce(frame) for c in self._connections if c.greeted]
-        return asyncio.ensure_future(_all_acknowledged(acks, frame.id))
+        waiting = _all_acknowledged(acks, frame.id, self.models_ack_timeout_s)
+        return asyncio.ensure_future(waiting)
 
     @property
     def connections(self) -> int:

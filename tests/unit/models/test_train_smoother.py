@@ -1,4 +1,4 @@
-"""``python -m rnnserve.models.train smoother``: a folder the loader serves, a per-channel
+"""``rnnserve train smoother``: a folder the loader serves, a per-channel
 alpha that fits each channel, the same file from the same seed, refusals of bad arguments."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m rnnserve.models.train traveller``: a folder the loader serves, a free-running
+"""``rnnserve train traveller``: a folder the loader serves, a free-running
 rollout that beats its initialisation and the baselines on fresh data, the same file from the
 same seed, the physics of the synthetic agent, refusals of bad arguments."""
 
