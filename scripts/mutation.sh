@@ -45,9 +45,11 @@ LATER=(models/smoothing.py models/traveller.py models/kernels/smoother_cpu.py
 # mutated function.
 tests_for() {
   case "$1" in
-    service/engine/batcher.py) echo tests/unit/engine/test_dynamic_batcher.py tests/unit/engine/test_fault_isolation.py ;;
+    service/engine/batcher.py) echo tests/unit/engine/test_dynamic_batcher.py tests/unit/engine/test_fault_isolation.py \
+                               tests/unit/engine/test_batch_spans.py ;;
     service/http/validation.py) echo tests/unit/http/test_validation.py ;;
-    service/engine/continuous.py) echo tests/unit/engine/test_continuous_batcher.py tests/unit/engine/test_fault_isolation.py ;;
+    service/engine/continuous.py) echo tests/unit/engine/test_continuous_batcher.py tests/unit/engine/test_fault_isolation.py \
+                                  tests/unit/engine/test_batch_spans.py ;;
     # test_validation.py never reaches wire.py; test_binary.py posts safetensors bodies
     service/codec/bodies.py) echo tests/unit/codec/test_json_reader.py tests/unit/codec/test_safetensors_reader.py \
                           tests/unit/http/test_finite_check.py tests/integration/test_binary.py ;;
