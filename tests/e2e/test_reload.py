@@ -10,6 +10,7 @@ must get the new version or a later one. The order of events is a shared counter
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -25,7 +26,9 @@ import pytest
 
 from rnnserve import models
 from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.service.engine.reload import file_version
 from tests.e2e.server import Server, start_server, stop
+from tests.e2e.test_workers import one_client_per_worker
 from tests.metrics import value
 
 pytestmark = pytest.mark.e2e
@@ -38,8 +41,8 @@ CLIENTS = 3
 WAIT_S = 120.0  # the longest wait for anything the server does; a failure, never a measure
 
 
-def write(folder: Path, alpha: float) -> None:
-    module = models.build("smoother", {"feat_dim": WIDTH, "alpha_smooth": alpha})
+def write(folder: Path, alpha: float, width: int = WIDTH) -> None:
+    module = models.build("smoother", {"feat_dim": width, "alpha_smooth": alpha})
     aside = folder / ".smoother.partial"
     models.save(module, aside)
     os.replace(aside, folder / "smoother.safetensors")
@@ -50,8 +53,8 @@ def request_of(client: int) -> list[np.ndarray]:
     return [rng.standard_normal((n, WIDTH)).astype(np.float32) for n in (7, 2, 12)]
 
 
-def local_answer(alpha: float, sequences: list[np.ndarray]) -> list[np.ndarray]:
-    module = models.build("smoother", {"feat_dim": WIDTH, "alpha_smooth": alpha}).eval()
+def local_answer(alpha: float, sequences: list[np.ndarray], width: int = WIDTH) -> list[np.ndarray]:
+    module = models.build("smoother", {"feat_dim": width, "alpha_smooth": alpha}).eval()
     assert isinstance(module, LinearRecursion)
     data = np.concatenate(sequences)
     lengths = np.array([len(s) for s in sequences], np.int64)
@@ -257,3 +260,113 @@ def test_the_poll_reloads_a_replaced_file_in_the_engine_process(tmp_path: Path) 
                 np.testing.assert_allclose(np.array(g, np.float32), want, atol=1e-5, rtol=0)
     finally:
         stop(server)
+
+
+# Each HTTP worker of this server holds back the MODELS frames the engine sends it while the file
+# HOLD/hold exists (as a worker whose event loop has not read them yet), and notes each frame it
+# holds (HOLD/held-<pid>) and each it then applies (HOLD/applied-<pid>). The engine, the
+# sockets and the workers are otherwise the real ones (sitecustomize is imported by every
+# Python process started with this folder on PYTHONPATH; a real server has no test hook).
+HOLD_MODELS_SITE = """
+import asyncio
+import os
+import pathlib
+
+from rnnserve.service.ipc.worker_side import RemoteRuntime
+
+_HOLD = pathlib.Path(os.environ["TEST_HOLD_DIR"])
+_apply = RemoteRuntime._models_changed
+_held = {}
+
+
+def _models_changed(self, frame):
+    if not (_HOLD / "hold").exists() and self not in _held:
+        return _apply(self, frame)
+    (_HOLD / f"held-{os.getpid()}").touch()
+    if self not in _held:
+        _held[self] = []
+        asyncio.get_running_loop().create_task(_apply_once_released(self))
+    _held[self].append(frame)
+
+
+async def _apply_once_released(runtime):
+    while (_HOLD / "hold").exists():
+        await asyncio.sleep(0.01)
+    for frame in _held.pop(runtime):
+        _apply(runtime, frame)
+    (_HOLD / f"applied-{os.getpid()}").touch()
+
+
+RemoteRuntime._models_changed = _models_changed
+"""
+
+
+def smooth_body(width: int) -> dict[str, Any]:
+    rng = np.random.default_rng(width)
+    return {"sequences": [rng.standard_normal((n, width)).round(3).tolist() for n in (5, 2)]}
+
+
+def pids_noted(folder: Path, what: str) -> set[str]:
+    return {p.name.removeprefix(f"{what}-") for p in folder.glob(f"{what}-*")}
+
+
+def test_a_request_checked_by_a_worker_before_it_learns_a_width_change_is_409(
+    tmp_path: Path,
+) -> None:
+    """``--workers 2``: the engine swaps in a smoother of another width while both workers still
+    check requests against the old one (their MODELS frames held back): each such request is
+    answered 409 ``model_changed``, naming the new version and both widths; once the workers
+    have the new list, the old width is a 422 and the new one the new version's answer."""
+    folder, hold, site = tmp_path / "models", tmp_path / "hold", tmp_path / "site"
+    for made in (folder, hold, site):
+        made.mkdir()
+    (site / "sitecustomize.py").write_text(HOLD_MODELS_SITE)
+    write(folder, ALPHAS[0])
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    server = start_server(
+        tmp_path, "--model-dir", str(folder), "--device", "cpu", "--workers", "2",
+        env={"PYTHONPATH": path, "TEST_HOLD_DIR": str(hold)}, ready_timeout_s=300,
+    )  # fmt: skip
+    try:
+        asyncio.run(_widen_while_the_workers_hold_the_old_list(server, folder, hold))
+    finally:
+        stop(server)
+
+
+async def _widen_while_the_workers_hold_the_old_list(
+    server: Server, folder: Path, hold: Path
+) -> None:
+    async with one_client_per_worker(server.url) as clients:
+        for client in clients:
+            assert (await client.post("/smooth", json=smooth_body(WIDTH))).status_code == 200
+        (hold / "hold").touch()
+        write(folder, ALPHAS[1], width=6)
+        new_version = file_version(folder / "smoother.safetensors")
+        server.proc.send_signal(signal.SIGHUP)
+        # the engine sends the list as it swaps: both workers hold it, the engine serves width 6
+        until(lambda: len(pids_noted(hold, "held")) == 2, "both workers to hold the new list")
+        for client in clients:
+            r = await client.post("/smooth", json=smooth_body(WIDTH))
+            assert r.status_code == 409, r.text
+            assert r.json() == {
+                "type": "model_changed",
+                "detail": f"model 'smoother' changed while this request was on its way: "
+                f"version '{new_version}' takes 6 input features per step, the request's "
+                f"steps have {WIDTH}",
+                "loc": ["model"],
+            }
+        (hold / "hold").unlink()
+        until(lambda: len(pids_noted(hold, "applied")) == 2, "both workers to have the list")
+        for client in clients:
+            [model] = (await client.get("/models")).json()["models"]
+            assert model["version"] == new_version
+            r = await client.post("/smooth", json=smooth_body(WIDTH))  # checked again: refused
+            assert r.status_code == 422, r.text
+            assert r.json()["type"] == "wrong_feature_count"
+            body = smooth_body(6)
+            r = await client.post("/smooth", json=body)
+            assert r.status_code == 200, r.text
+            sequences = [np.array(s, np.float32) for s in body["sequences"]]
+            want = local_answer(ALPHAS[1], sequences, width=6)
+            for got, w in zip(r.json()["sequences"], want, strict=True):
+                np.testing.assert_allclose(np.array(got, np.float32), w, atol=1e-5, rtol=0)

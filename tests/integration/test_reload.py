@@ -1,21 +1,29 @@
 """``POST /admin/reload`` in-process: what the app derives from the served models (the default
-model of ``/smooth``, ``/openapi.json``, ``GET /models``) follows each reload."""
+model of ``/smooth``, ``/openapi.json``, ``GET /models``) follows each reload; a request checked
+against a width a reload changed before it ran is answered 409 ``model_changed``."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import numpy as np
+import pytest
+from fastapi import FastAPI
+
 from rnnserve import models
+from rnnserve.models.smoothing import LinearRecursion
+from rnnserve.service.engine.runtime import ModelRuntime
+from rnnserve.service.interface import FlatSequences, ReloadReport
 from tests.integration.conftest import AppClient
 
 WIDTH = 4
 TOKEN = {"authorization": "Bearer s3cret"}
 
 
-def write(folder: Path, name: str, alpha: float) -> None:
+def write(folder: Path, name: str, alpha: float, width: int = WIDTH) -> None:
     aside = folder / f".{name}.partial"
-    models.save(models.build("smoother", {"feat_dim": WIDTH, "alpha_smooth": alpha}), aside)
+    models.save(models.build("smoother", {"feat_dim": width, "alpha_smooth": alpha}), aside)
     os.replace(aside, folder / f"{name}.safetensors")
 
 
@@ -51,3 +59,66 @@ async def test_the_default_model_and_the_description_follow_each_reload(
         paths = (await client.get("/openapi.json")).json()["paths"]
         assert "/models/b/infer" in paths
         assert "/models/a/infer" not in paths
+
+
+def smoother_answer(alpha: float, width: int, sequences: list[list[list[float]]]) -> np.ndarray:
+    module = models.build("smoother", {"feat_dim": width, "alpha_smooth": alpha}).eval()
+    assert isinstance(module, LinearRecursion)
+    data = np.array([step for s in sequences for step in s], np.float32)
+    return module.smooth_flat(data, np.array([len(s) for s in sequences], np.int64))
+
+
+def steps_of(answer: list[list[list[float]]]) -> np.ndarray:
+    return np.array([step for s in answer for step in s], np.float32)
+
+
+def reload_before_the_run(app: FastAPI) -> list[ReloadReport]:
+    """Have the next request reach the runtime only after a reload: what the HTTP layer checked
+    it against (the served model's width) is then the version the reload replaced. The
+    reports, once it has run."""
+    runtime: ModelRuntime = app.state.runtime
+    checked_then_run = runtime.infer
+    reports: list[ReloadReport] = []
+
+    async def infer(name: str, sequences: FlatSequences) -> FlatSequences:
+        if not reports:
+            reports.append(await runtime.reload())
+        return await checked_then_run(name, sequences)
+
+    runtime.infer = infer  # type: ignore[method-assign]  # this app's runtime only
+    return reports
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "loc"),
+    [("/smooth", "sequences", ["model"]), ("/models/a/infer", "inputs", ["path", "name"])],
+)
+async def test_a_reload_that_widens_the_model_after_the_check_is_409_model_changed(
+    app_client: AppClient, tmp_path: Path, path: str, field: str, loc: list[str]
+) -> None:
+    write(tmp_path, "a", 0.5)
+    narrow = [[[0.5, -1.0, 2.0, 0.25]] * 3, [[1.0, 0.0, -0.5, 3.0]] * 2]
+    wide = [[[0.5, -1.0, 2.0, 0.25, 4.0, -2.0]] * 3]
+    async with app_client(model_dir=tmp_path, device="cpu") as (app, client):
+        before = (await client.get("/models")).json()["models"][0]["version"]
+        write(tmp_path, "a", 0.9, width=6)
+        reports = reload_before_the_run(app)
+        r = await client.post(path, json={field: narrow})
+        assert [report.changed for report in reports] == [["a"]]
+        after = app.state.runtime.models["a"].version
+        assert after != before
+        assert r.status_code == 409, r.text
+        assert r.json() == {
+            "type": "model_changed",
+            "detail": f"model 'a' changed while this request was on its way: version "
+            f"'{after}' takes 6 input features per step, the request's steps have 4",
+            "loc": loc,
+        }
+        # sent again, it is checked against the new version
+        r = await client.post(path, json={field: narrow})
+        assert r.status_code == 422, r.text
+        assert r.json()["type"] == "wrong_feature_count"
+        r = await client.post(path, json={field: wide})
+        assert r.status_code == 200, r.text
+        got = steps_of(r.json()["sequences" if path == "/smooth" else "outputs"])
+        np.testing.assert_allclose(got, smoother_answer(0.9, 6, wide), atol=1e-6, rtol=0)
