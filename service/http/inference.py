@@ -149,30 +149,32 @@ class Call:
     sequences: Any = None
     error: str | None = None  # the error type answered, for the trace
     trace: tracing.Trace = tracing.OFF
+    # the app's state and metrics, looked up once: each lookup through starlette's request and
+    # State is a few Python calls, and the steps read them about a dozen times a request
+    state: Any = field(init=False)
+    metrics: Metrics = field(init=False)
+    settings: Settings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = self.request.app.state
+        self.metrics = self.state.metrics
+        self.settings = self.state.settings
 
     @property
     def rid(self) -> str:
         return self.context.request_id
 
-    @property
-    def state(self) -> Any:
-        return self.request.app.state
-
-    @property
-    def metrics(self) -> Metrics:
-        metrics: Metrics = self.state.metrics
-        return metrics
-
 
 def begin_call(request: Request, endpoint: Endpoint, path_model: str | None) -> Call:
-    metrics: Metrics = request.app.state.metrics
+    state = request.app.state
+    metrics: Metrics = state.metrics
     gauge = metrics.child(metrics.in_flight, endpoint.label)
     gauge.inc()
     call = Call(request, endpoint, path_model, gauge, model_label=endpoint.kind or "unknown")
     # this request's task and those it starts: the batchers log its failure with the id
     call.context = open_request(_request_id(request))
     call.headers[REQUEST_ID_HEADER] = call.rid
-    call.trace = tracing.begin(request.app.state.tracing, request, endpoint.path, call.rid)
+    call.trace = tracing.begin(state.tracing, request, endpoint.path, call.rid)
     return call
 
 
@@ -208,13 +210,13 @@ async def serve_request(
 def admit(call: Call) -> None:
     if not call.state.ready:
         raise RequestError("not_ready", "the server is starting or shutting down")
-    call.deadline = _deadline(call.request, call.started, call.state.settings.request_timeout_s)
+    call.deadline = _deadline(call.request, call.started, call.settings.request_timeout_s)
 
 
 async def read_request_body(call: Call) -> bytes:
     """The body. The native endpoints' safetensors bodies have their header length checked on
     the first 8 bytes; the Open Inference Protocol's binary extension is a format of its own."""
-    settings: Settings = call.state.settings
+    settings = call.settings
     safetensors = call.endpoint in endpoints.INFERENCE and bodies.is_safetensors(
         call.request.headers.get("content-type")
     )
@@ -248,7 +250,7 @@ async def _decode(call: Call, body: bytes) -> _Parsed:
     field = call.endpoint.input_field
     # safetensors bodies are read in place, in far less than a hand-off to a thread costs
     json_bytes = 0 if bodies.is_safetensors(ctype) else len(body)
-    settings: Settings = call.state.settings
+    settings = call.settings
     limits = limits_of(settings)
     if json_bytes and settings.json_reader == "precise":
         decoded = None
@@ -299,7 +301,7 @@ async def _arrays(call: Call, body: bytes, parsed: _Parsed, name: str, served: S
     if parsed.decoded is not None:
         return parsed.decoded.sequences(served.input_dim, name)
     codec: CodecPool = call.state.codec
-    limits = limits_of(call.state.settings)
+    limits = limits_of(call.settings)
     field = call.endpoint.input_field
     return await codec.run(len(body), to_arrays, parsed.flat, field, served.input_dim, limits, name)
 
