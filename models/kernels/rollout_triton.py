@@ -13,6 +13,12 @@ every program: a ``[rows, H] x [H, 2]`` product, cheaper than a cross-program de
 programs of hidden block 0 write that ``p_{t-1}`` to the output and to the state, so a last,
 "virtual" step ``T`` (no active rows) produces ``p_{T-1}``: a rollout of T steps runs T + 1.
 
+Dependency wait. What no step kernel writes (schedule, step counter, weights, biases, ``u_t``)
+is read before the programmatic-dependent-launch wait, so that with ``pdl=True`` it overlaps the
+launch before: on the broadcast path the program's whole weight slice (held in registers, each
+K axis whole, padded to a power of two) and ``u_t``'s projection; on the ``tl.dot`` path, whose
+weights are streamed in K tiles, the schedule and biases only.
+
 State. ``h`` is double-buffered (step t reads plane ``t % 2`` and writes ``(t + 1) % 2``; every
 program reads whole rows, so writing in place would race); ``c`` and ``p`` are owned by one
 program per element and updated in place. A finished sequence is simply not written again, so
@@ -102,9 +108,9 @@ def _gates(  # type: ignore[no-untyped-def]
     W_ROW0: tl.constexpr,
     H: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    """The tl.dot path: acc [BB, BH] += x [BB, K] @ w [K, BH] per gate, streamed in K tiles."""
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
@@ -119,18 +125,44 @@ def _gates(  # type: ignore[no-untyped-def]
         w_f = tl.load(w + H, mask=w_ok, other=0.0)
         w_g = tl.load(w + 2 * H, mask=w_ok, other=0.0)
         w_o = tl.load(w + 3 * H, mask=w_ok, other=0.0)
-        if USE_DOT:  # acc [BB, BH] += x [BB, BK] @ w [BK, BH]
-            acc_i = tl.dot(x, w_i, acc_i, input_precision=PRECISION)
-            acc_f = tl.dot(x, w_f, acc_f, input_precision=PRECISION)
-            acc_g = tl.dot(x, w_g, acc_g, input_precision=PRECISION)
-            acc_o = tl.dot(x, w_o, acc_o, input_precision=PRECISION)
-        else:  # rows under 16: broadcast and sum (tl.dot would pad M to 16)
-            xb = x[:, :, None]
-            acc_i += tl.sum(xb * w_i[None, :, :], axis=1)
-            acc_f += tl.sum(xb * w_f[None, :, :], axis=1)
-            acc_g += tl.sum(xb * w_g[None, :, :], axis=1)
-            acc_o += tl.sum(xb * w_o[None, :, :], axis=1)
+        acc_i = tl.dot(x, w_i, acc_i, input_precision=PRECISION)
+        acc_f = tl.dot(x, w_f, acc_f, input_precision=PRECISION)
+        acc_g = tl.dot(x, w_g, acc_g, input_precision=PRECISION)
+        acc_o = tl.dot(x, w_o, acc_o, input_precision=PRECISION)
     return acc_i, acc_f, acc_g, acc_o
+
+
+@_jit()
+def _gate_weights(w_ptr, k_row, k_ok, cols, col_ok, H: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The four gates' ``[K, BLOCK_H]`` weights of rows ``k_row`` of a ``[*, 4H]`` matrix."""
+    w = w_ptr + k_row[:, None] * (4 * H) + cols[None, :]
+    ok = k_ok[:, None] & col_ok[None, :]
+    w_i = tl.load(w, mask=ok, other=0.0)
+    w_f = tl.load(w + H, mask=ok, other=0.0)
+    w_g = tl.load(w + 2 * H, mask=ok, other=0.0)
+    w_o = tl.load(w + 3 * H, mask=ok, other=0.0)
+    return w_i, w_f, w_g, w_o
+
+
+@_jit()
+def _gemv(acc_i, acc_f, acc_g, acc_o, x, w_i, w_f, w_g, w_o):  # type: ignore[no-untyped-def]
+    """Broadcast-and-sum (rows under 16, where tl.dot would pad M to 16): acc += x @ w."""
+    xb = x[:, :, None]
+    acc_i += tl.sum(xb * w_i[None, :, :], axis=1)
+    acc_f += tl.sum(xb * w_f[None, :, :], axis=1)
+    acc_g += tl.sum(xb * w_g[None, :, :], axis=1)
+    acc_o += tl.sum(xb * w_o[None, :, :], axis=1)
+    return acc_i, acc_f, acc_g, acc_o
+
+
+@_jit()
+def _gate_row(w_ptr, cols, col_ok, H: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One row of a ``[*, 4H]`` matrix as the four gates' ``[1, BLOCK_H]`` slices."""
+    r_i = tl.load(w_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    r_f = tl.load(w_ptr + H + cols, mask=col_ok, other=0.0)[None, :]
+    r_g = tl.load(w_ptr + 2 * H + cols, mask=col_ok, other=0.0)[None, :]
+    r_o = tl.load(w_ptr + 3 * H + cols, mask=col_ok, other=0.0)[None, :]
+    return r_i, r_f, r_g, r_o
 
 
 @_jit(do_not_specialize=["k", "layer"])
@@ -157,15 +189,16 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
     BLOCK_B: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    H_PAD: tl.constexpr,  # H rounded up to a power of two
+    NI_PAD: tl.constexpr,  # NI rounded up to a power of two
     USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # launched early (programmatic dependent launch): wait for the launch before,
-        # then let the next one be scheduled. Every program waits before its first load, so no
-        # launch completes before the one it follows.
-        tl_cuda.gdc_wait()
-        tl_cuda.gdc_launch_dependents()
+    # Before the dependency wait: what no step kernel writes (the schedule, step counter,
+    # weights, biases, this step's u_t) and what follows from it alone (u_t's projection), so
+    # that with PDL it overlaps the launch before. The launch that follows the step counter's
+    # advance is not a dependent launch (see TritonRollout._launch), so base is settled here.
     pid_b = tl.program_id(0)
     pid_h = tl.program_id(1)
     t = tl.load(base_ptr) + k
@@ -177,45 +210,105 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
         n_prev = n_act
         n_live = n_act
     row0 = pid_b * BLOCK_B
-    if row0 >= n_live:
-        return
+    # a program with no live rows loads nothing, and returns after the wait (as a bound, not a
+    # scalar flag: the interpreter refuses a scalar bool combined into a mask)
+    h_live = tl.where(row0 < n_live, H, 0)
 
     rows = row0 + tl.arange(0, BLOCK_B)
     act = rows < n_act
     cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     col_ok = cols < H
-    par = t % 2
-    plane = R * H  # one layer's [R, H]
-    h_old = h_ptr + (par * L + layer) * plane  # this layer after step t - 1
-    h_new = h_ptr + ((1 - par) * L + layer) * plane  # this layer after step t
+    w_col = cols < h_live
+    kh = tl.arange(0, H_PAD)
+    kh_ok = kh < H
 
     dtype = h_ptr.dtype.element_ty
     zero = tl.zeros([BLOCK_B, BLOCK_H], dtype=dtype)
-    acc_i = zero + tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    acc_f = zero + tl.load(b_ptr + H + cols, mask=col_ok, other=0.0)[None, :]
-    acc_g = zero + tl.load(b_ptr + 2 * H + cols, mask=col_ok, other=0.0)[None, :]
-    acc_o = zero + tl.load(b_ptr + 3 * H + cols, mask=col_ok, other=0.0)[None, :]
-
+    acc_i = zero + tl.load(b_ptr + cols, mask=w_col, other=0.0)[None, :]
+    acc_f = zero + tl.load(b_ptr + H + cols, mask=w_col, other=0.0)[None, :]
+    acc_g = zero + tl.load(b_ptr + 2 * H + cols, mask=w_col, other=0.0)[None, :]
+    acc_o = zero + tl.load(b_ptr + 3 * H + cols, mask=w_col, other=0.0)[None, :]
     if FIRST:
-        # p_{t-1} = tanh(h_top @ w_out + b_out) from the top layer after step t - 1
-        prev = rows < n_prev
-        top = h_ptr + (par * L + (L - 1)) * plane
-        s0 = tl.zeros([BLOCK_B], dtype=dtype)
-        s1 = tl.zeros([BLOCK_B], dtype=dtype)
-        for k0 in range(0, H, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            k_ok = kk < H
-            x = tl.load(
-                top + rows[:, None] * H + kk[None, :],
-                mask=prev[:, None] & k_ok[None, :],
+        # layer 0's rows: 0 and 1 the fed-back position, 2 .. 2 + H h_0, then NI rows of u_t
+        u_t = u_ptr + tl.load(off_ptr + t) * NI
+        # u_t's projection is formed here on the broadcast path only: on the tl.dot path its
+        # MMA accumulators, held across the wait and the K loops, took twice the registers
+        if NI > 0 and not USE_DOT:
+            ku = tl.arange(0, NI_PAD)
+            ku_ok = ku < NI
+            x_u = tl.load(
+                u_t + rows[:, None] * NI + ku[None, :],
+                mask=act[:, None] & ku_ok[None, :],
                 other=0.0,
             )
-            s0 += tl.sum(x * tl.load(wo_ptr + kk * 2, mask=k_ok, other=0.0)[None, :], axis=1)
-            s1 += tl.sum(x * tl.load(wo_ptr + kk * 2 + 1, mask=k_ok, other=0.0)[None, :], axis=1)
-        q0 = _tanh(s0 + tl.load(bo_ptr))
-        q1 = _tanh(s1 + tl.load(bo_ptr + 1))
+            wu_i, wu_f, wu_g, wu_o = _gate_weights(w_ptr, 2 + H + ku, ku_ok, cols, w_col, H)
+            acc_i, acc_f, acc_g, acc_o = _gemv(
+                acc_i, acc_f, acc_g, acc_o, x_u, wu_i, wu_f, wu_g, wu_o
+            )
+        if not USE_DOT:  # held in registers; the tl.dot path's weights are streamed in K tiles
+            wh_i, wh_f, wh_g, wh_o = _gate_weights(w_ptr, 2 + kh, kh_ok, cols, w_col, H)
+            wp0_i, wp0_f, wp0_g, wp0_o = _gate_row(w_ptr, cols, w_col, H)
+            wp1_i, wp1_f, wp1_g, wp1_o = _gate_row(w_ptr + 4 * H, cols, w_col, H)
+            # the output layer, for p_{t-1} = tanh(h_top @ w_out + b_out)
+            wo_ok = kh < h_live
+            wo0 = tl.load(wo_ptr + kh * 2, mask=wo_ok, other=0.0)
+            wo1 = tl.load(wo_ptr + kh * 2 + 1, mask=wo_ok, other=0.0)
+        bo0 = tl.load(bo_ptr)
+        bo1 = tl.load(bo_ptr + 1)
+        o_prev = tl.load(off_ptr + t - 1, mask=t > 0, other=0)
+    elif not USE_DOT:
+        # rows 0 .. H: the layer below after step t; rows H .. 2H: this layer after step t - 1;
+        # one [2 * H_PAD] K axis, the second half's rows shifted down by H_PAD - H
+        k2 = tl.arange(0, 2 * H_PAD)
+        lower = k2 < H_PAD
+        k_in = tl.where(lower, k2, k2 - H_PAD)
+        k2_ok = k_in < H
+        w_i, w_f, w_g, w_o = _gate_weights(
+            w_ptr, tl.where(lower, k_in, H + k_in), k2_ok, cols, w_col, H
+        )
+
+    if PDL:  # launched early (programmatic dependent launch): wait for the launch before,
+        # then let the next one be scheduled. Every program waits before its first state load
+        # and before it may return, so no launch completes before the one it follows.
+        tl_cuda.gdc_wait()
+        tl_cuda.gdc_launch_dependents()
+    if row0 >= n_live:
+        return
+
+    par = t % 2
+    plane = R * H  # one layer's [R, H]
+    at_old = (par * L + layer) * plane  # this layer after step t - 1
+    h_old = h_ptr + at_old
+    h_new = h_ptr + ((1 - par) * L + layer) * plane  # this layer after step t
+
+    if FIRST:
+        # p_{t-1} from the top layer after step t - 1
+        prev = rows < n_prev
+        top = h_ptr + (par * L + (L - 1)) * plane
+        if USE_DOT:  # in K tiles, as its weights are streamed there too
+            s0 = tl.zeros([BLOCK_B], dtype=dtype)
+            s1 = tl.zeros([BLOCK_B], dtype=dtype)
+            for k0 in range(0, H, BLOCK_K):
+                kk = k0 + tl.arange(0, BLOCK_K)
+                k_ok = kk < H
+                x = tl.load(
+                    top + rows[:, None] * H + kk[None, :],
+                    mask=prev[:, None] & k_ok[None, :],
+                    other=0.0,
+                )
+                s0 += tl.sum(x * tl.load(wo_ptr + kk * 2, mask=k_ok, other=0.0)[None, :], 1)
+                s1 += tl.sum(x * tl.load(wo_ptr + kk * 2 + 1, mask=k_ok, other=0.0)[None, :], 1)
+        else:
+            x_top = tl.load(
+                top + rows[:, None] * H + kh[None, :],
+                mask=prev[:, None] & kh_ok[None, :],
+                other=0.0,
+            )
+            s0 = tl.sum(x_top * wo0[None, :], axis=1)
+            s1 = tl.sum(x_top * wo1[None, :], axis=1)
+        q0 = _tanh(s0 + bo0)
+        q1 = _tanh(s1 + bo1)
         if pid_h == 0:  # one program per row writes p_{t-1}: output of step t - 1, and state
-            o_prev = tl.load(off_ptr + t - 1, mask=t > 0, other=0)
             tl.store(out_ptr + (o_prev + rows) * 2, q0, mask=prev)
             tl.store(out_ptr + (o_prev + rows) * 2 + 1, q1, mask=prev)
             tl.store(p_ptr + rows * 2, q0, mask=prev)
@@ -223,39 +316,55 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
         # at t = 0 the fed-back position is the given one (read only then: no race with the
         # stores above, which happen only at t > 0)
         given = rows < tl.where(t == 0, n_act, 0)
-        p0 = tl.where(t == 0, tl.load(p_ptr + rows * 2, mask=given, other=0.0), q0)
-        p1 = tl.where(t == 0, tl.load(p_ptr + rows * 2 + 1, mask=given, other=0.0), q1)
-        # rows 0 and 1 of w: the position, a rank-2 update
-        acc_i += p0[:, None] * tl.load(w_ptr + cols, mask=col_ok, other=0.0)[None, :]
-        acc_f += p0[:, None] * tl.load(w_ptr + H + cols, mask=col_ok, other=0.0)[None, :]
-        acc_g += p0[:, None] * tl.load(w_ptr + 2 * H + cols, mask=col_ok, other=0.0)[None, :]
-        acc_o += p0[:, None] * tl.load(w_ptr + 3 * H + cols, mask=col_ok, other=0.0)[None, :]
-        w1 = w_ptr + 4 * H
-        acc_i += p1[:, None] * tl.load(w1 + cols, mask=col_ok, other=0.0)[None, :]
-        acc_f += p1[:, None] * tl.load(w1 + H + cols, mask=col_ok, other=0.0)[None, :]
-        acc_g += p1[:, None] * tl.load(w1 + 2 * H + cols, mask=col_ok, other=0.0)[None, :]
-        acc_o += p1[:, None] * tl.load(w1 + 3 * H + cols, mask=col_ok, other=0.0)[None, :]
-        # rows 2 .. 2 + H: h_0 after step t - 1; then num_inputs rows: u_t
-        acc_i, acc_f, acc_g, acc_o = _gates(
-            acc_i, acc_f, acc_g, acc_o, h_old, rows, act, w_ptr, cols, col_ok,
-            H, 2, H, BLOCK_K, USE_DOT, PRECISION,
-        )  # fmt: skip
-        u_t = u_ptr + tl.load(off_ptr + t) * NI
-        acc_i, acc_f, acc_g, acc_o = _gates(
-            acc_i, acc_f, acc_g, acc_o, u_t, rows, act, w_ptr, cols, col_ok,
-            NI, 2 + H, H, BLOCK_K, USE_DOT, PRECISION,
-        )  # fmt: skip
+        p0 = tl.where(t == 0, tl.load(p_ptr + rows * 2, mask=given, other=0.0), q0)[:, None]
+        p1 = tl.where(t == 0, tl.load(p_ptr + rows * 2 + 1, mask=given, other=0.0), q1)[:, None]
+        if USE_DOT:
+            acc_i, acc_f, acc_g, acc_o = _gates(
+                acc_i, acc_f, acc_g, acc_o, h_old, rows, act, w_ptr, cols, col_ok,
+                H, 2, H, BLOCK_K, PRECISION,
+            )  # fmt: skip
+            acc_i, acc_f, acc_g, acc_o = _gates(
+                acc_i, acc_f, acc_g, acc_o, u_t, rows, act, w_ptr, cols, w_col,
+                NI, 2 + H, H, BLOCK_K, PRECISION,
+            )  # fmt: skip
+        else:
+            x_h = tl.load(
+                h_old + rows[:, None] * H + kh[None, :],
+                mask=act[:, None] & kh_ok[None, :],
+                other=0.0,
+            )
+            acc_i, acc_f, acc_g, acc_o = _gemv(
+                acc_i, acc_f, acc_g, acc_o, x_h, wh_i, wh_f, wh_g, wh_o
+            )
+        # rows 0 and 1 of w: a rank-2 update, last (on the tl.dot path an update between two
+        # products would move the accumulators out of the MMA layout and back)
+        if USE_DOT:  # loaded here: held across the K loop they would take ~128 registers
+            wp0_i, wp0_f, wp0_g, wp0_o = _gate_row(w_ptr, cols, col_ok, H)
+            wp1_i, wp1_f, wp1_g, wp1_o = _gate_row(w_ptr + 4 * H, cols, col_ok, H)
+        acc_i += p0 * wp0_i + p1 * wp1_i
+        acc_f += p0 * wp0_f + p1 * wp1_f
+        acc_g += p0 * wp0_g + p1 * wp1_g
+        acc_o += p0 * wp0_o + p1 * wp1_o
     else:
-        # rows 0 .. H: the layer below after step t; rows H .. 2H: this layer after step t - 1
-        below = h_ptr + ((1 - par) * L + layer - 1) * plane
-        acc_i, acc_f, acc_g, acc_o = _gates(
-            acc_i, acc_f, acc_g, acc_o, below, rows, act, w_ptr, cols, col_ok,
-            H, 0, H, BLOCK_K, USE_DOT, PRECISION,
-        )  # fmt: skip
-        acc_i, acc_f, acc_g, acc_o = _gates(
-            acc_i, acc_f, acc_g, acc_o, h_old, rows, act, w_ptr, cols, col_ok,
-            H, H, H, BLOCK_K, USE_DOT, PRECISION,
-        )  # fmt: skip
+        at_below = ((1 - par) * L + layer - 1) * plane  # the layer below after step t
+        below = h_ptr + at_below
+        if USE_DOT:
+            acc_i, acc_f, acc_g, acc_o = _gates(
+                acc_i, acc_f, acc_g, acc_o, below, rows, act, w_ptr, cols, col_ok,
+                H, 0, H, BLOCK_K, PRECISION,
+            )  # fmt: skip
+            acc_i, acc_f, acc_g, acc_o = _gates(
+                acc_i, acc_f, acc_g, acc_o, h_old, rows, act, w_ptr, cols, col_ok,
+                H, H, H, BLOCK_K, PRECISION,
+            )  # fmt: skip
+        else:
+            plane_at = tl.where(lower, at_below, at_old)  # each K entry's layer plane
+            x = tl.load(
+                h_ptr + plane_at[None, :] + rows[:, None] * H + k_in[None, :],
+                mask=act[:, None] & k2_ok[None, :],
+                other=0.0,
+            )
+            acc_i, acc_f, acc_g, acc_o = _gemv(acc_i, acc_f, acc_g, acc_o, x, w_i, w_f, w_g, w_o)
 
     ok = act[:, None] & col_ok[None, :]
     at = rows[:, None] * H + cols[None, :]
@@ -283,7 +392,7 @@ class KernelConfig:
 
     block_b: int  # batch rows per program
     block_h: int  # hidden units per program (x 4 gates)
-    block_k: int  # K tile
+    block_k: int  # K tile of the tl.dot path (the broadcast path holds each K axis whole)
     use_dot: bool  # tl.dot (needs block_b, block_h, block_k >= 16) or broadcast-and-sum
     num_warps: int = 4
 
@@ -311,7 +420,7 @@ def kernel_config(rows: int, hidden: int, *, interpret: bool = False) -> KernelC
     h_pow = _pow2(hidden)
     if rows < 16:
         block_h = min(max(h_pow, 8), 64) if interpret else min(8, max(h_pow, 8))
-        block_k = max(16, min(128, 2048 // (rows * block_h)))
+        block_k = max(16, min(128, 2048 // (rows * block_h)))  # not read by this path
         return KernelConfig(rows, block_h, block_k, use_dot=False)
     block_b = 16 if rows <= 128 else 32
     block_h = min(max(h_pow, 16), 64) if interpret else 16
@@ -614,14 +723,18 @@ class TritonRollout:
         grid = (triton.cdiv(s.rows, cfg.block_b), triton.cdiv(s.hidden, cfg.block_h))
         bs, off = ws.sched[0], ws.sched[1]
         use_pdl = self.pdl and s.device.type == "cuda"  # the interpreter has no gdc_wait
-        pdl = {"launch_pdl": True} if use_pdl else {}
         for k in range(steps):
             for layer in range(s.layers):
+                # The kernels read the step counter before their dependency wait; the first
+                # launch of a chunk may follow the counter's advance, so it is a plain launch
+                # (its gdc_wait returns at once). Inside a CUDA graph it has no kernel before it.
+                pdl = {"launch_pdl": True} if use_pdl and (k, layer) != (0, 0) else {}
                 _layer_step_kernel[grid](
                     ws.h, ws.c, ws.p, ws.out, ws.u, ws.w[layer], ws.b[layer], ws.w_out,
                     ws.b_out, bs, off, ws.base, k, layer, s.rows,
                     H=s.hidden, NI=s.num_inputs, L=s.layers, FIRST=layer == 0,
                     BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
+                    H_PAD=_pow2(s.hidden), NI_PAD=_pow2(s.num_inputs),
                     USE_DOT=cfg.use_dot, PRECISION=ws.precision, PDL=use_pdl,
                     num_warps=cfg.num_warps, **pdl,
                 )  # fmt: skip
@@ -631,8 +744,10 @@ class TritonRollout:
 
     def _compile(self, ws: _Workspace) -> None:
         """Compile every kernel variant by one step on the empty schedule (a no-op step)."""
-        ws.base.zero_()  # step 0 of an all-zero schedule: no active rows, nothing written
-        self._launch(ws, 1)
+        ws.base.zero_()  # steps of an all-zero schedule: no active rows, nothing written
+        # with PDL, a chunk's first launch differs from the others (a plain launch): 2 steps
+        # compile both kinds of layer 0's launch
+        self._launch(ws, 2 if self.pdl and ws.shape.device.type == "cuda" else 1)
         ws.base.zero_()
 
     def _use_graphs(self, ws: _Workspace) -> bool:

@@ -656,3 +656,78 @@ def test_a_traveller_without_inputs_runs_free() -> None:
     want = rollout_packed(u, sizes, *w)
     assert_same(got, want)
     assert float(want[0].abs().max()) > 0.05  # it moves
+
+
+# H and NI off powers of two pad the K axes the broadcast path holds whole (H_PAD, NI_PAD);
+# rows past the live ones make programs that load nothing before the dependency wait
+@pytest.mark.parametrize(
+    ("config", "sizes", "hidden", "num_inputs", "layers"),
+    [
+        (GEMV, [3, 3, 3, 1], 12, 5, 1),  # one layer: layer 0's h_0 is also the top
+        (GEMV, [7, 6, 3, 3, 1], 20, 3, 3),  # 4 row blocks, the last 3 dropping out
+        (rt.KernelConfig(4, 8, 16, use_dot=False), [5, 5, 2], 12, 9, 2),  # B = 5 on 4-row tiles
+        (DOT, [17, 17, 3], 20, 6, 3),  # 2 row blocks, the second empty after step 1
+    ],
+)
+def test_hoisted_weights_match_rollout_packed(
+    config: object, sizes: list[int], hidden: int, num_inputs: int, layers: int
+) -> None:
+    w = weights(num_inputs, hidden, layers, seed=21)
+    u = packed(sizes, num_inputs, seed=22)
+    want = rollout_packed(u, sizes, *w)
+    assert float(want[0].abs().max()) > 0.5  # tanh bends
+    got = rt.TritonRollout(max_chunk=2, config=config)(u, sizes, *w)  # type: ignore[arg-type]
+    assert_same(got, want)
+
+
+class _KernelRecorder:
+    """A stand-in for a Triton kernel: records each launch's keyword arguments."""
+
+    def __init__(self) -> None:
+        self.launches: list[dict[str, Any]] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: self.launches.append(kwargs)
+
+
+def test_with_pdl_a_chunks_first_launch_is_a_plain_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step kernels read the step counter before their dependency wait, and the first
+    launch of a chunk follows the counter's advance: only that launch is not a dependent one
+    (checked without a GPU: the kernels are stood in for)."""
+    step, advance = _KernelRecorder(), _KernelRecorder()
+    monkeypatch.setattr(rt, "_layer_step_kernel", step)
+    monkeypatch.setattr(rt, "_advance_kernel", advance)
+    shape = rt._Shape(4, 3, 8, 2, torch.float32, torch.device("cuda", 0))
+    ws = types.SimpleNamespace(
+        shape=shape, config=GEMV, precision="ieee", sched=torch.zeros(2, 8, dtype=torch.int32),
+        h=None, c=None, p=None, out=None, u=None, w=[None] * 3, b=[None] * 3, w_out=None,
+        b_out=None, base=None,
+    )  # fmt: skip
+    rt.TritonRollout(pdl=True)._launch(ws, 2)  # type: ignore[arg-type]
+    plan = [(kw["FIRST"], kw["PDL"], kw.get("launch_pdl", False)) for kw in step.launches]
+    assert plan == [
+        (True, True, False), (False, True, True), (False, True, True),  # step 0: layer 0 plain
+        (True, True, True), (False, True, True), (False, True, True),
+    ]  # fmt: skip
+    assert len(advance.launches) == 1
+    assert {(kw["H_PAD"], kw["NI_PAD"]) for kw in step.launches} == {(8, 2)}
+    step.launches.clear()
+    rt.TritonRollout()._launch(ws, 1)  # type: ignore[arg-type]
+    assert [(kw["PDL"], "launch_pdl" in kw) for kw in step.launches] == [(False, False)] * 3
+
+
+def test_with_pdl_the_compile_step_meets_both_kinds_of_first_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Compiling a bucket runs 2 no-op steps with PDL on CUDA (layer 0 launched plain, then as a
+    dependent launch: two binaries), 1 otherwise."""
+    ran: list[int] = []
+    monkeypatch.setattr(rt.TritonRollout, "_launch", lambda self, ws, steps: ran.append(steps))
+    cuda = types.SimpleNamespace(
+        shape=types.SimpleNamespace(device=torch.device("cuda", 0)), base=torch.zeros(1)
+    )
+    cpu = types.SimpleNamespace(shape=types.SimpleNamespace(device=DEVICE), base=torch.zeros(1))
+    rt.TritonRollout(pdl=True)._compile(cuda)  # type: ignore[arg-type]
+    rt.TritonRollout(pdl=False)._compile(cuda)  # type: ignore[arg-type]
+    rt.TritonRollout(pdl=True)._compile(cpu)  # type: ignore[arg-type]
+    assert ran == [2, 1, 1 if DEVICE.type == "cpu" else 2]
