@@ -370,3 +370,51 @@ async def _widen_while_the_workers_hold_the_old_list(
             want = local_answer(ALPHAS[1], sequences, width=6)
             for got, w in zip(r.json()["sequences"], want, strict=True):
                 np.testing.assert_allclose(np.array(got, np.float32), w, atol=1e-5, rtol=0)
+
+
+def test_after_a_reload_answers_every_worker_lists_the_new_model_and_not_the_removed_one(
+    tmp_path: Path,
+) -> None:
+    """``--workers 2``: ``POST /admin/reload`` answers once every worker has the new list (the
+    engine waits for each worker's acknowledgement), so a new model is listed and answered, and
+    a removed one is 404, on both workers as soon as the answer arrives."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write(folder, ALPHAS[0])
+    server = start_server(
+        tmp_path, "--model-dir", str(folder), "--device", "cpu", "--workers", "2",
+        ready_timeout_s=300,
+    )  # fmt: skip
+    try:
+        asyncio.run(_add_one_and_remove_one(server, folder))
+    finally:
+        stop(server)
+
+
+async def _add_one_and_remove_one(server: Server, folder: Path) -> None:
+    module = models.build("smoother", {"feat_dim": WIDTH, "alpha_smooth": ALPHAS[1]})
+    models.save(module, folder / ".added.partial")
+    os.replace(folder / ".added.partial", folder / "added.safetensors")
+    body = {"inputs": [s.tolist() for s in request_of(0)]}
+    async with one_client_per_worker(server.url) as clients:
+        r = await clients[0].post("/admin/reload")
+        assert r.status_code == 200, r.text
+        assert (r.json()["loaded"], r.json()["removed"]) == (["added"], [])
+        for client in clients:
+            listed = [m["name"] for m in (await client.get("/models")).json()["models"]]
+            assert listed == ["added", "smoother"]
+            r = await client.post("/models/added/infer", json=body)
+            assert r.status_code == 200, r.text
+            want = local_answer(ALPHAS[1], request_of(0))
+            for got, w in zip(r.json()["outputs"], want, strict=True):
+                np.testing.assert_allclose(np.array(got, np.float32), w, atol=1e-5, rtol=0)
+        (folder / "smoother.safetensors").unlink()
+        r = await clients[1].post("/admin/reload")
+        assert r.status_code == 200, r.text
+        assert (r.json()["loaded"], r.json()["removed"]) == ([], ["smoother"])
+        for client in clients:
+            listed = [m["name"] for m in (await client.get("/models")).json()["models"]]
+            assert listed == ["added"]
+            r = await client.post("/models/smoother/infer", json=body)
+            assert r.status_code == 404, r.text
+            assert r.json()["type"] == "unknown_model"

@@ -360,3 +360,35 @@ async def test_a_listener_that_fails_its_wait_does_not_fail_the_reload(
     assert [r.getMessage() for r in caplog.records] == [
         "a listener of the model list failed: the socket is gone"
     ] * 2
+
+
+async def test_an_untrusted_torchscript_file_in_the_folder_changes_nothing(
+    served: tuple[ModelRuntime, Path],
+) -> None:
+    """The start-up check of the whole folder, at a reload: the new smoother beside the
+    TorchScript file is not loaded either."""
+    runtime, folder = served
+    before = dict(runtime.models)
+    write(folder, "c", 0.2)
+    (folder / "code.torchscript.pt").write_bytes(b"PK not loaded")
+    report = await runtime.reload()
+    assert list(report.failed) == [""]
+    assert "code.torchscript.pt: TorchScript files are code" in report.failed[""]
+    assert (report.loaded, report.changed, report.removed) == ([], [], [])
+    assert runtime.models == before
+    assert reloads(runtime, "failed") == 1
+
+
+async def test_a_folder_emptied_of_models_changes_nothing(
+    served: tuple[ModelRuntime, Path],
+) -> None:
+    runtime, folder = served
+    before = dict(runtime.models)
+    for path in folder.glob("*.safetensors"):
+        path.unlink()
+    report = await runtime.reload()
+    assert list(report.failed) == [""]
+    assert "holds no <name>.safetensors model; nothing to serve" in report.failed[""]
+    assert report.removed == []
+    assert runtime.models == before
+    np.testing.assert_array_equal((await runtime.infer("a", ROWS)).data, answer(0.5))
