@@ -5,6 +5,7 @@ against a width a reload changed before it ran is answered 409 ``model_changed``
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from fastapi import FastAPI
 from rnnserve import models
 from rnnserve.models.smoothing import LinearRecursion
 from rnnserve.service.engine.runtime import ModelRuntime
-from rnnserve.service.interface import FlatSequences, ReloadReport
+from rnnserve.service.interface import FlatSequences, Piece, ReloadReport
 from tests.integration.conftest import AppClient
 
 WIDTH = 4
@@ -122,3 +123,51 @@ async def test_a_reload_that_widens_the_model_after_the_check_is_409_model_chang
         assert r.status_code == 200, r.text
         got = steps_of(r.json()["sequences" if path == "/smooth" else "outputs"])
         np.testing.assert_allclose(got, smoother_answer(0.9, 6, wide), atol=1e-6, rtol=0)
+
+
+def write_traveller(folder: Path, name: str, inputs: int) -> None:
+    aside = folder / f".{name}.partial"
+    config = {"num_inputs": inputs, "hidden_size": 8, "num_layers": 1}
+    models.save(models.build("traveller", config), aside)
+    os.replace(aside, folder / f"{name}.safetensors")
+
+
+def reload_before_the_stream(app: FastAPI) -> list[ReloadReport]:
+    """As :func:`reload_before_the_run`, for a streamed rollout (``open_stream``)."""
+    runtime: ModelRuntime = app.state.runtime
+    checked_then_opened = runtime.open_stream
+    reports: list[ReloadReport] = []
+
+    async def open_stream(name: str, sequences: FlatSequences) -> AsyncIterator[list[Piece]]:
+        if not reports:
+            reports.append(await runtime.reload())
+        return await checked_then_opened(name, sequences)
+
+    runtime.open_stream = open_stream  # type: ignore[method-assign]  # this app's runtime only
+    return reports
+
+
+async def test_a_streamed_rollout_checked_against_a_width_a_reload_changed_is_409(
+    app_client: AppClient, tmp_path: Path
+) -> None:
+    write_traveller(tmp_path, "t", 3)
+    stream = {"accept": "application/x-ndjson"}
+    narrow = {"inputs": [[[0.5, -1.0, 2.0]] * 4]}
+    async with app_client(model_dir=tmp_path, device="cpu") as (app, client):
+        assert (await client.post("/rollout", json=narrow, headers=stream)).status_code == 200
+        write_traveller(tmp_path, "t", 5)
+        reports = reload_before_the_stream(app)
+        r = await client.post("/rollout", json=narrow, headers=stream)
+        assert [report.changed for report in reports] == [["t"]]
+        version = app.state.runtime.models["t"].version
+        assert r.status_code == 409, r.text
+        assert r.headers["content-type"] == "application/json"
+        assert r.json() == {
+            "type": "model_changed",
+            "detail": f"model 't' changed while this request was on its way: version "
+            f"'{version}' takes 5 input features per step, the request's steps have 3",
+            "loc": ["model"],
+        }
+        r = await client.post("/rollout", json={"inputs": [[[0.5] * 5] * 4]}, headers=stream)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("application/x-ndjson")
