@@ -1,0 +1,90 @@
+"""uvicorn's WebSocket protocol with the sessions' frame limit (docs/SESSIONS.md).
+
+uvicorn reads each WebSocket message whole before the app sees it, up to its ``ws_max_size``
+(16 MiB unless told), and closes the connection on a larger one itself. ``rnnserve`` sets
+``ws_max_size`` to ``max_request_bytes`` (:func:`rnnserve.service.cli.uvicorn_options`), so a
+session's frame is held to the same limit as a request body, and refused from its header
+(``websockets`` compares the frame's declared length with the limit before it reads the
+payload; a compressed frame is refused as soon as its inflated bytes pass the limit), never
+buffered whole. This protocol makes that close the session's own: 1009 with the JSON reason
+``{"type": "body_too_large", "detail": ...}`` where ``websockets`` would give 1009 with its
+plain-text reason.
+
+And it lets the client read that close: uvicorn closes the socket at once, with the rest of the
+refused frame unread, so the kernel resets the connection and the client, still sending, often
+loses the close frame with it (the tests saw it). Here the server shuts its side down after the
+close frame (the client reads it, then the end of the stream) and discards what still comes
+until the client closes too, or for uvicorn's close timeout (10 s) at most.
+
+It subclasses the protocol uvicorn's ``ws="auto"`` picks when ``websockets`` is installed (it
+is a dependency of rnnserve): the Sans-I/O one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.config import Config
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from uvicorn.server import ServerState
+from websockets.exceptions import PayloadTooBig
+from websockets.frames import CloseCode
+from websockets.server import ServerProtocol
+
+from rnnserve.service.http.sessions import TOO_LARGE, close_reason, too_large_detail
+
+
+class _FrameLimitServerProtocol(ServerProtocol):
+    """``websockets``' server side, its close on an oversized message given rnnserve's reason."""
+
+    def fail(self, code: CloseCode | int, reason: str = "") -> None:
+        # websockets fails the connection with MESSAGE_TOO_BIG only when a message passes
+        # max_size (PayloadTooBig, from the frame's header or while inflating it)
+        if code == CloseCode.MESSAGE_TOO_BIG and self.max_message_size is not None:
+            reason = close_reason(TOO_LARGE, too_large_detail(self.max_message_size))
+        super().fail(code, reason)
+
+
+class SessionWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's Sans-I/O WebSocket protocol whose over-``ws_max_size`` close carries the
+    session's JSON reason."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        built = self.conn  # what uvicorn made of its settings (max_size, extensions, logger)
+        self.conn = _FrameLimitServerProtocol(
+            origins=built.origins,
+            extensions=built.available_extensions,
+            subprotocols=built.available_subprotocols,
+            max_size=(built.max_message_size, built.max_fragment_size),
+            logger=built.logger,
+        )
+
+    _refused = False  # a message over the limit was refused: the rest is discarded
+
+    def handle_parser_exception(self) -> None:
+        if not isinstance(self.conn.parser_exc, PayloadTooBig):
+            super().handle_parser_exception()
+            return
+        if self._refused:  # more of the refused frame, dropped by websockets as it comes
+            return
+        self._refused = True
+        close = self.conn.close_sent  # the close fail() sent, or the app's before it
+        if close is not None:
+            code, reason = close.code, close.reason
+            self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # the client reads the close, then the end of the stream
+        if self.read_paused:  # a message the app has not read yet paused the reads
+            self.read_paused = False
+            self.transport.resume_reading()
+        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.close)

@@ -1,0 +1,141 @@
+"""The WebSocket layer's frame limit: a message over ``max_request_bytes`` is refused from its
+header with the session's close code and JSON reason, and the client is left to read the close."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import struct
+from typing import Any
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+from websockets.frames import Close
+from websockets.protocol import State
+
+from rnnserve.service.cli import uvicorn_options
+from rnnserve.service.config import Settings
+from rnnserve.service.http.sessions import too_large_detail
+from rnnserve.service.http.ws_protocol import SessionWebSocketProtocol, _FrameLimitServerProtocol
+
+MIB = 1024 * 1024
+
+
+def frame_head(length: int, opcode: int = 0x1) -> bytes:
+    """A client's (masked) final frame header declaring ``length`` payload bytes."""
+    if length < 126:
+        size = bytes([0x80 | length])
+    elif length < 1 << 16:
+        size = bytes([0x80 | 126]) + struct.pack("!H", length)
+    else:
+        size = bytes([0x80 | 127]) + struct.pack("!Q", length)
+    return bytes([0x80 | opcode]) + size + b"\0\0\0\0"  # a zero mask: the payload as it is
+
+
+@pytest.mark.parametrize("limit", [1000, 17 * MIB])
+def test_both_process_modes_tell_uvicorn_the_frame_limit_and_the_protocol(limit: int) -> None:
+    options = uvicorn_options(Settings(max_request_bytes=limit))
+    assert options["ws"] is SessionWebSocketProtocol
+    assert options["ws_max_size"] == limit  # a session's frame is held to a body's limit
+
+
+@pytest.mark.parametrize("limit", [1, 20_000, 17 * MIB, 2**62])
+def test_a_frame_declared_over_the_limit_is_refused_with_the_sessions_reason(limit: int) -> None:
+    conn = _FrameLimitServerProtocol(state=State.OPEN, max_size=limit)
+    conn.receive_data(frame_head(limit + 1))  # the header alone: no payload is needed
+    assert conn.close_sent is not None
+    assert conn.close_sent.code == 1009
+    reason = conn.close_sent.reason
+    assert len(reason.encode()) <= 123  # what a close frame may hold
+    assert json.loads(reason) == {"type": "body_too_large", "detail": too_large_detail(limit)}
+
+
+def test_a_frame_of_the_limit_is_taken() -> None:
+    conn = _FrameLimitServerProtocol(state=State.OPEN, max_size=100)
+    conn.receive_data(frame_head(100) + b" " * 100)
+    assert conn.close_sent is None
+    assert [len(event.data) for event in conn.events_received()] == [100]
+
+
+class FakeTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.eof_written = self.closed = self.reading = False
+
+    def write(self, data: Any) -> None:
+        self.written += data
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof_written = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 9) if name in ("peername", "sockname") else default
+
+
+def handshake() -> bytes:
+    key = base64.b64encode(os.urandom(16)).decode()
+    return (
+        "GET /models/traveller/stream HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+
+
+def close_frame_in(written: bytes) -> Close:
+    """The close frame the server sent after its handshake answer (unmasked, short)."""
+    frame = written[written.index(b"\r\n\r\n") + 4 :]
+    assert frame[0] == 0x88  # FIN | CLOSE
+    return Close.parse(frame[2 : 2 + frame[1]])
+
+
+async def test_the_refusal_lets_the_client_read_the_close_then_ends_the_connection() -> None:
+    received: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        received.append(await receive())
+
+    config = Config(app, ws=SessionWebSocketProtocol, ws_max_size=20_000, lifespan="off")
+    config.load()
+    protocol = SessionWebSocketProtocol(config, ServerState(), {})
+    assert isinstance(protocol.conn, _FrameLimitServerProtocol)
+    assert protocol.conn.available_extensions  # uvicorn's permessage-deflate is still offered
+    transport = FakeTransport()
+    protocol.connection_made(transport)
+    protocol.data_received(handshake())
+    await asyncio.sleep(0.01)  # the app accepts
+    protocol.data_received(frame_head(20_001) + b" " * 1000)
+    await asyncio.sleep(0.01)  # the app sees the disconnect
+    close = close_frame_in(bytes(transport.written))
+    assert close.code == 1009
+    assert json.loads(close.reason)["type"] == "body_too_large"
+    assert received == [{"type": "websocket.disconnect", "code": 1009, "reason": close.reason}]
+    # the server's side is shut, the socket still open: the rest of the frame is read and
+    # dropped, and a reset cannot take the close frame from the client
+    assert transport.eof_written
+    assert not transport.closed
+    sent = len(transport.written)
+    protocol.data_received(b" " * 100_000)
+    assert len(transport.written) == sent
+    assert protocol.close_timer is not None  # the connection ends on the client's EOF or this
+    protocol.connection_lost(None)
+    assert protocol.close_timer is None
