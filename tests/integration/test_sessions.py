@@ -1,11 +1,15 @@
 """Streaming sessions in-process (Starlette's test client over the app's WebSocket route): the
-control message, what a chunk may and may not send, and the session metrics after a run."""
+control message, what a chunk may and may not send, a reload under an open session, and the
+session metrics after a run."""
 
 from __future__ import annotations
 
 import gc
+import json
+import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +18,7 @@ from fastapi.testclient import TestClient
 from starlette.testclient import WebSocketTestSession
 from starlette.websockets import WebSocketDisconnect
 
+from rnnserve import models
 from rnnserve.service.config import Settings
 from rnnserve.service.http import sessions
 from rnnserve.service.http.app import create_app
@@ -151,3 +156,48 @@ def test_closed_and_dropped_sessions_leave_nothing_behind(
     assert [o for o in gc.get_objects() if isinstance(o, sessions._Session)] == []
     assert sessions.sessions_of(app.state).open == 0
     assert byte_budget(app.state).used == 0
+
+
+# -- a reload under an open session -------------------------------------------------------------
+
+WIDTH = 4
+
+
+def write_smoother(folder: Path, alpha: float) -> None:
+    aside = folder / ".s.partial"
+    models.save(models.build("smoother", {"feat_dim": WIDTH, "alpha_smooth": alpha}), aside)
+    os.replace(aside, folder / "s.safetensors")
+
+
+def test_a_reload_under_a_session_closes_it_with_4409_and_a_first_old_state_is_an_error(
+    tmp_path: Path,
+) -> None:
+    write_smoother(tmp_path, 0.5)
+    rows = [[0.4] * WIDTH] * 3
+    app = create_app(Settings(model_dir=tmp_path, device="cpu", max_delay_ms=1.0))
+    with TestClient(app) as client:
+        with client.websocket_connect("/models/s/stream") as ws:
+            assert "outputs" in send_chunk(ws, rows)
+            ws.send_json({"get_state": True})
+            old_state = ws.receive_json()["state"]
+            write_smoother(tmp_path, 0.3)  # other weights: another version
+            assert client.post("/admin/reload").json()["changed"] == ["s"]
+            ws.send_json({"inputs": [rows]})
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_json()
+        assert closed.value.code == 4409
+        assert len(closed.value.reason.encode()) <= 123
+        reason = json.loads(closed.value.reason)
+        assert reason["type"] == "state_mismatch"
+        made_by = f"the state was made by model 's' version '{old_state['version']}'"
+        assert reason["detail"].startswith(made_by)  # shortened to fit the frame after that
+        # the same old state as a new session's first chunk: an error message, and it stays open
+        with client.websocket_connect("/models/s/stream") as ws:
+            error = send_chunk(ws, rows, state=old_state)
+            assert (error["status"], error["error"]["type"]) == (409, "state_mismatch")
+            assert error["error"]["loc"] == ["state", "version"]
+            assert "outputs" in send_chunk(ws, rows)
+        metrics = client.get("/metrics").text
+    chunks = "rnnserve_session_chunks_total"
+    assert sample(metrics, chunks, model="s", outcome="state_mismatch") == 2
+    assert sample(metrics, chunks, model="s", outcome="ok") == 2
