@@ -349,19 +349,6 @@ def test_sessions_carry_the_state_on_a_server_with_workers(workers: Server) -> N
         np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
 
 
-def test_the_example_in_sessions_md_runs_as_written(
-    servers: tuple[Server, Server], capsys: pytest.CaptureFixture[str]
-) -> None:
-    page = (Path(__file__).parents[2] / "docs" / "SESSIONS.md").read_text()
-    code = page.split("```python\n", 1)[1].split("```", 1)[0]
-    address = servers[0].url.removeprefix("http://")
-    assert code.count("localhost:8000") == 2  # the HTTP and the WebSocket address
-    exec(compile(code.replace("localhost:8000", address), "SESSIONS.md", "exec"), {})
-    assert (
-        "50 steps in four chunks over two sessions = the whole rollout" in capsys.readouterr().out
-    )
-
-
 # -- frames over max_request_bytes, refused by the WebSocket layer ----------------------------
 
 
