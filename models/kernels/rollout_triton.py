@@ -5,13 +5,15 @@ rows, resumable state); see :func:`rollout_packed_triton`.
 
 Kernels. One launch per layer per step. A program owns ``BLOCK_B`` batch rows x ``BLOCK_H``
 hidden units: it forms the four gate pre-activations of its units from the whole input row
-(``tl.dot`` over K tiles, or broadcast-and-sum for batches under 16 rows), applies the LSTM
-cell and writes its slice of ``h`` and ``c``. Layer 0 also takes the input projection of
-``u_t`` (K = num_inputs more, so no ``[N, 4H]`` projection is materialised) and recomputes the
-fed-back position ``p_{t-1} = tanh(h_top @ w_out + b_out)`` from the previous step's top layer in
-every program: a ``[rows, H] x [H, 2]`` product, cheaper than a cross-program dependency. The
-programs of hidden block 0 write that ``p_{t-1}`` to the output and to the state, so a last,
-"virtual" step ``T`` (no active rows) produces ``p_{T-1}``: a rollout of T steps runs T + 1.
+as one ``[BLOCK_B, 4 x BLOCK_H]`` product (``tl.dot`` over K tiles, or for batches under 16 rows
+broadcast-and-sum with one reduction per input of the layer), splits it into the gates once,
+applies the LSTM cell and writes its slice of ``h`` and ``c``. Layer 0 also takes the input
+projection of ``u_t`` (K = num_inputs more, so no ``[N, 4H]`` projection is materialised) and
+recomputes the fed-back position ``p_{t-1} = tanh(h_top @ w_out + b_out)`` from the previous
+step's top layer in every program: a ``[rows, H] x [H, 2]`` product, cheaper than a
+cross-program dependency. The programs of hidden block 0 write that ``p_{t-1}`` to the output
+and to the state, so a last, "virtual" step ``T`` (no active rows) produces ``p_{T-1}``: a
+rollout of T steps runs T + 1.
 
 Dependency wait. What no step kernel writes (schedule, step counter, weights, biases, ``u_t``)
 is read before the programmatic-dependent-launch wait, so that with ``pdl=True`` it overlaps the
@@ -94,23 +96,20 @@ def _tanh(x):  # type: ignore[no-untyped-def]
 
 @_jit()
 def _gates(  # type: ignore[no-untyped-def]
-    acc_i,
-    acc_f,
-    acc_g,
-    acc_o,
+    acc,  # [BB, 4 * BH]: the four gates of the program's units, gate-major
     x_ptr,  # [rows, K] row-major, K == the row stride
     rows,
     row_ok,
     w_ptr,  # [*, 4H]; rows W_ROW0 .. W_ROW0 + K multiply x
-    cols,
-    col_ok,
+    col4,  # [4 * BH]: the columns of w (see _gate_columns)
+    col4_ok,
     K: tl.constexpr,
     W_ROW0: tl.constexpr,
     H: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """The tl.dot path: acc [BB, BH] += x [BB, K] @ w [K, BH] per gate, streamed in K tiles."""
+    """The tl.dot path: acc [BB, 4BH] += x [BB, K] @ w [K, 4BH], streamed in K tiles."""
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
@@ -119,50 +118,47 @@ def _gates(  # type: ignore[no-untyped-def]
             mask=row_ok[:, None] & k_ok[None, :],
             other=0.0,
         )
-        w = w_ptr + (W_ROW0 + kk)[:, None] * (4 * H) + cols[None, :]
-        w_ok = k_ok[:, None] & col_ok[None, :]
-        w_i = tl.load(w, mask=w_ok, other=0.0)
-        w_f = tl.load(w + H, mask=w_ok, other=0.0)
-        w_g = tl.load(w + 2 * H, mask=w_ok, other=0.0)
-        w_o = tl.load(w + 3 * H, mask=w_ok, other=0.0)
-        acc_i = tl.dot(x, w_i, acc_i, input_precision=PRECISION)
-        acc_f = tl.dot(x, w_f, acc_f, input_precision=PRECISION)
-        acc_g = tl.dot(x, w_g, acc_g, input_precision=PRECISION)
-        acc_o = tl.dot(x, w_o, acc_o, input_precision=PRECISION)
+        w = _gate_weights(w_ptr, W_ROW0 + kk, k_ok, col4, col4_ok, H)
+        acc = tl.dot(x, w, acc, input_precision=PRECISION)
+    return acc
+
+
+@_jit()
+def _gate_columns(pid_h, H: tl.constexpr, BLOCK_H: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The program's ``4 * BLOCK_H`` columns of a ``[*, 4H]`` gate matrix, gate-major (i, f,
+    g, o, each over the program's units), and each column's unit."""
+    j = tl.arange(0, 4 * BLOCK_H)
+    unit = pid_h * BLOCK_H + j % BLOCK_H
+    return (j // BLOCK_H) * H + unit, unit
+
+
+@_jit()
+def _gate_weights(w_ptr, k_row, k_ok, col4, col4_ok, H: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Rows ``k_row`` of a ``[*, 4H]`` matrix at the program's gate columns: ``[K, 4BH]``."""
+    return tl.load(
+        w_ptr + k_row[:, None] * (4 * H) + col4[None, :],
+        mask=k_ok[:, None] & col4_ok[None, :],
+        other=0.0,
+    )
+
+
+@_jit()
+def _gemv(x, w):  # type: ignore[no-untyped-def]
+    """Broadcast-and-sum (rows under 16, where tl.dot would pad M to 16): x [BB, K] @ w [K, 4BH]
+    as one reduction for all four gates."""
+    return tl.sum(x[:, :, None] * w[None, :, :], axis=1)
+
+
+@_jit()
+def _split_gates(acc, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``[BB, 4BH]`` gate-major -> the four gates' ``[BB, BH]``."""
+    by_gate = tl.reshape(acc, [BLOCK_B, 4, BLOCK_H])
+    gate = tl.arange(0, 4)[None, :, None]
+    acc_i = tl.sum(tl.where(gate == 0, by_gate, 0.0), axis=1)
+    acc_f = tl.sum(tl.where(gate == 1, by_gate, 0.0), axis=1)
+    acc_g = tl.sum(tl.where(gate == 2, by_gate, 0.0), axis=1)
+    acc_o = tl.sum(tl.where(gate == 3, by_gate, 0.0), axis=1)
     return acc_i, acc_f, acc_g, acc_o
-
-
-@_jit()
-def _gate_weights(w_ptr, k_row, k_ok, cols, col_ok, H: tl.constexpr):  # type: ignore[no-untyped-def]
-    """The four gates' ``[K, BLOCK_H]`` weights of rows ``k_row`` of a ``[*, 4H]`` matrix."""
-    w = w_ptr + k_row[:, None] * (4 * H) + cols[None, :]
-    ok = k_ok[:, None] & col_ok[None, :]
-    w_i = tl.load(w, mask=ok, other=0.0)
-    w_f = tl.load(w + H, mask=ok, other=0.0)
-    w_g = tl.load(w + 2 * H, mask=ok, other=0.0)
-    w_o = tl.load(w + 3 * H, mask=ok, other=0.0)
-    return w_i, w_f, w_g, w_o
-
-
-@_jit()
-def _gemv(acc_i, acc_f, acc_g, acc_o, x, w_i, w_f, w_g, w_o):  # type: ignore[no-untyped-def]
-    """Broadcast-and-sum (rows under 16, where tl.dot would pad M to 16): acc += x @ w."""
-    xb = x[:, :, None]
-    acc_i += tl.sum(xb * w_i[None, :, :], axis=1)
-    acc_f += tl.sum(xb * w_f[None, :, :], axis=1)
-    acc_g += tl.sum(xb * w_g[None, :, :], axis=1)
-    acc_o += tl.sum(xb * w_o[None, :, :], axis=1)
-    return acc_i, acc_f, acc_g, acc_o
-
-
-@_jit()
-def _gate_row(w_ptr, cols, col_ok, H: tl.constexpr):  # type: ignore[no-untyped-def]
-    """One row of a ``[*, 4H]`` matrix as the four gates' ``[1, BLOCK_H]`` slices."""
-    r_i = tl.load(w_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    r_f = tl.load(w_ptr + H + cols, mask=col_ok, other=0.0)[None, :]
-    r_g = tl.load(w_ptr + 2 * H + cols, mask=col_ok, other=0.0)[None, :]
-    r_o = tl.load(w_ptr + 3 * H + cols, mask=col_ok, other=0.0)[None, :]
-    return r_i, r_f, r_g, r_o
 
 
 @_jit(do_not_specialize=["k", "layer"])
@@ -216,23 +212,21 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
 
     rows = row0 + tl.arange(0, BLOCK_B)
     act = rows < n_act
-    cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    col_ok = cols < H
-    w_col = cols < h_live
+    col4, unit = _gate_columns(pid_h, H, BLOCK_H)
+    w_col = unit < h_live
     kh = tl.arange(0, H_PAD)
     kh_ok = kh < H
 
+    # the four gates side by side, [BB, 4BH]: one product (one reduction, or one tl.dot per K
+    # tile) per input of the layer, split into gates once at the end
     dtype = h_ptr.dtype.element_ty
-    zero = tl.zeros([BLOCK_B, BLOCK_H], dtype=dtype)
-    acc_i = zero + tl.load(b_ptr + cols, mask=w_col, other=0.0)[None, :]
-    acc_f = zero + tl.load(b_ptr + H + cols, mask=w_col, other=0.0)[None, :]
-    acc_g = zero + tl.load(b_ptr + 2 * H + cols, mask=w_col, other=0.0)[None, :]
-    acc_o = zero + tl.load(b_ptr + 3 * H + cols, mask=w_col, other=0.0)[None, :]
+    acc = tl.zeros([BLOCK_B, 4 * BLOCK_H], dtype=dtype)
+    acc += tl.load(b_ptr + col4, mask=w_col, other=0.0)[None, :]
     if FIRST:
         # layer 0's rows: 0 and 1 the fed-back position, 2 .. 2 + H h_0, then NI rows of u_t
         u_t = u_ptr + tl.load(off_ptr + t) * NI
         # u_t's projection is formed here on the broadcast path only: on the tl.dot path its
-        # MMA accumulators, held across the wait and the K loops, took twice the registers
+        # MMA accumulator, held across the wait and the K loops, took twice the registers
         if NI > 0 and not USE_DOT:
             ku = tl.arange(0, NI_PAD)
             ku_ok = ku < NI
@@ -241,14 +235,11 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
                 mask=act[:, None] & ku_ok[None, :],
                 other=0.0,
             )
-            wu_i, wu_f, wu_g, wu_o = _gate_weights(w_ptr, 2 + H + ku, ku_ok, cols, w_col, H)
-            acc_i, acc_f, acc_g, acc_o = _gemv(
-                acc_i, acc_f, acc_g, acc_o, x_u, wu_i, wu_f, wu_g, wu_o
-            )
+            acc += _gemv(x_u, _gate_weights(w_ptr, 2 + H + ku, ku_ok, col4, w_col, H))
         if not USE_DOT:  # held in registers; the tl.dot path's weights are streamed in K tiles
-            wh_i, wh_f, wh_g, wh_o = _gate_weights(w_ptr, 2 + kh, kh_ok, cols, w_col, H)
-            wp0_i, wp0_f, wp0_g, wp0_o = _gate_row(w_ptr, cols, w_col, H)
-            wp1_i, wp1_f, wp1_g, wp1_o = _gate_row(w_ptr + 4 * H, cols, w_col, H)
+            w_h = _gate_weights(w_ptr, 2 + kh, kh_ok, col4, w_col, H)
+            wp0 = tl.load(w_ptr + col4, mask=w_col, other=0.0)[None, :]
+            wp1 = tl.load(w_ptr + 4 * H + col4, mask=w_col, other=0.0)[None, :]
             # the output layer, for p_{t-1} = tanh(h_top @ w_out + b_out)
             wo_ok = kh < h_live
             wo0 = tl.load(wo_ptr + kh * 2, mask=wo_ok, other=0.0)
@@ -263,9 +254,7 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
         lower = k2 < H_PAD
         k_in = tl.where(lower, k2, k2 - H_PAD)
         k2_ok = k_in < H
-        w_i, w_f, w_g, w_o = _gate_weights(
-            w_ptr, tl.where(lower, k_in, H + k_in), k2_ok, cols, w_col, H
-        )
+        w_x = _gate_weights(w_ptr, tl.where(lower, k_in, H + k_in), k2_ok, col4, w_col, H)
 
     if PDL:  # launched early (programmatic dependent launch): wait for the launch before,
         # then let the next one be scheduled. Every program waits before its first state load
@@ -280,6 +269,7 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
     at_old = (par * L + layer) * plane  # this layer after step t - 1
     h_old = h_ptr + at_old
     h_new = h_ptr + ((1 - par) * L + layer) * plane  # this layer after step t
+    col_ok = unit < H
 
     if FIRST:
         # p_{t-1} from the top layer after step t - 1
@@ -319,44 +309,28 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
         p0 = tl.where(t == 0, tl.load(p_ptr + rows * 2, mask=given, other=0.0), q0)[:, None]
         p1 = tl.where(t == 0, tl.load(p_ptr + rows * 2 + 1, mask=given, other=0.0), q1)[:, None]
         if USE_DOT:
-            acc_i, acc_f, acc_g, acc_o = _gates(
-                acc_i, acc_f, acc_g, acc_o, h_old, rows, act, w_ptr, cols, col_ok,
-                H, 2, H, BLOCK_K, PRECISION,
-            )  # fmt: skip
-            acc_i, acc_f, acc_g, acc_o = _gates(
-                acc_i, acc_f, acc_g, acc_o, u_t, rows, act, w_ptr, cols, w_col,
-                NI, 2 + H, H, BLOCK_K, PRECISION,
-            )  # fmt: skip
+            acc = _gates(acc, h_old, rows, act, w_ptr, col4, col_ok, H, 2, H, BLOCK_K, PRECISION)
+            acc = _gates(acc, u_t, rows, act, w_ptr, col4, col_ok, NI, 2 + H, H, BLOCK_K, PRECISION)
+            # loaded here: held across the K loops they would take ~128 registers
+            wp0 = tl.load(w_ptr + col4, mask=col_ok, other=0.0)[None, :]
+            wp1 = tl.load(w_ptr + 4 * H + col4, mask=col_ok, other=0.0)[None, :]
         else:
             x_h = tl.load(
                 h_old + rows[:, None] * H + kh[None, :],
                 mask=act[:, None] & kh_ok[None, :],
                 other=0.0,
             )
-            acc_i, acc_f, acc_g, acc_o = _gemv(
-                acc_i, acc_f, acc_g, acc_o, x_h, wh_i, wh_f, wh_g, wh_o
-            )
+            acc += _gemv(x_h, w_h)
         # rows 0 and 1 of w: a rank-2 update, last (on the tl.dot path an update between two
-        # products would move the accumulators out of the MMA layout and back)
-        if USE_DOT:  # loaded here: held across the K loop they would take ~128 registers
-            wp0_i, wp0_f, wp0_g, wp0_o = _gate_row(w_ptr, cols, col_ok, H)
-            wp1_i, wp1_f, wp1_g, wp1_o = _gate_row(w_ptr + 4 * H, cols, col_ok, H)
-        acc_i += p0 * wp0_i + p1 * wp1_i
-        acc_f += p0 * wp0_f + p1 * wp1_f
-        acc_g += p0 * wp0_g + p1 * wp1_g
-        acc_o += p0 * wp0_o + p1 * wp1_o
+        # products would move the accumulator out of the MMA layout and back)
+        acc += p0 * wp0 + p1 * wp1
     else:
         at_below = ((1 - par) * L + layer - 1) * plane  # the layer below after step t
-        below = h_ptr + at_below
         if USE_DOT:
-            acc_i, acc_f, acc_g, acc_o = _gates(
-                acc_i, acc_f, acc_g, acc_o, below, rows, act, w_ptr, cols, col_ok,
-                H, 0, H, BLOCK_K, PRECISION,
-            )  # fmt: skip
-            acc_i, acc_f, acc_g, acc_o = _gates(
-                acc_i, acc_f, acc_g, acc_o, h_old, rows, act, w_ptr, cols, col_ok,
-                H, H, H, BLOCK_K, PRECISION,
-            )  # fmt: skip
+            acc = _gates(
+                acc, h_ptr + at_below, rows, act, w_ptr, col4, col_ok, H, 0, H, BLOCK_K, PRECISION
+            )
+            acc = _gates(acc, h_old, rows, act, w_ptr, col4, col_ok, H, H, H, BLOCK_K, PRECISION)
         else:
             plane_at = tl.where(lower, at_below, at_old)  # each K entry's layer plane
             x = tl.load(
@@ -364,9 +338,11 @@ def _layer_step_kernel(  # type: ignore[no-untyped-def]
                 mask=act[:, None] & k2_ok[None, :],
                 other=0.0,
             )
-            acc_i, acc_f, acc_g, acc_o = _gemv(acc_i, acc_f, acc_g, acc_o, x, w_i, w_f, w_g, w_o)
+            acc += _gemv(x, w_x)
 
-    ok = act[:, None] & col_ok[None, :]
+    acc_i, acc_f, acc_g, acc_o = _split_gates(acc, BLOCK_B, BLOCK_H)
+    cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = act[:, None] & (cols < H)[None, :]
     at = rows[:, None] * H + cols[None, :]
     c_at = c_ptr + layer * plane + at
     c = _sigmoid(acc_f) * tl.load(c_at, mask=ok, other=0.0) + _sigmoid(acc_i) * _tanh(acc_g)
