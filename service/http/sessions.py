@@ -354,6 +354,12 @@ class _Session:
         watcher = asyncio.ensure_future(gone.wait())
         try:
             await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # the session itself is cancelled (the server's shutdown, a test client's exit):
+            # its chunk, a task of its own, would otherwise run on in the batcher. Not awaited:
+            # a cancel scope would cancel that await too
+            task.cancel()
+            raise
         finally:
             watcher.cancel()
         if task.done():

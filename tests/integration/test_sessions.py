@@ -4,10 +4,13 @@ session metrics after a run."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import os
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -201,3 +204,37 @@ def test_a_reload_under_a_session_closes_it_with_4409_and_a_first_old_state_is_a
     chunks = "rnnserve_session_chunks_total"
     assert sample(metrics, chunks, model="s", outcome="state_mismatch") == 2
     assert sample(metrics, chunks, model="s", outcome="ok") == 2
+
+
+def test_a_client_that_vanishes_while_its_chunk_runs_frees_its_slot_without_waiting(
+    served: tuple[FastAPI, TestClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, client = served
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def never_done(name: str, sequences: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # a chunk that would run for ever
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    monkeypatch.setattr(app.state.runtime, "infer", never_done)
+    rows = [[0.1] * width(client)] * 2
+    with client.websocket_connect(PATH) as ws:
+        ws.send_json({"inputs": [rows]})
+        assert started.wait(30)
+        assert sample(client.get("/metrics").text, "rnnserve_sessions_open", model="traveller") == 1
+        ws.close()  # the client's disconnect, while its chunk runs
+        # the session ended although its chunk never would: the chunk was cancelled, and the
+        # slot, the gauge and the bytes the chunk held are free
+        assert cancelled.wait(30)
+        for _ in range(100):  # the session's finally runs just after the chunk's cancel
+            if sessions.sessions_of(app.state).open == 0:
+                break
+            time.sleep(0.01)
+        assert sessions.sessions_of(app.state).open == 0
+        metrics = client.get("/metrics").text
+        assert sample(metrics, "rnnserve_sessions_open", model="traveller") == 0
+        assert byte_budget(app.state).used == 0
