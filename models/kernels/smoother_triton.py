@@ -32,9 +32,11 @@ Host code. :func:`smooth_packed_triton` (the public call) plans the tiles, copie
 to the device (:func:`device_schedule`), allocates every buffer (:func:`forward_buffers`) and
 runs :func:`launch_forward`: kernel launches on those preallocated device tensors only, one
 inner entry per design (:func:`launch_chunked`, and the single-pass module's), which a benchmark
-captures in a CUDA graph on buffers from :func:`prepare_forward`. Every pointer handed to a
-kernel starts on a 16-byte boundary and the integers that vary with the batch are not
-specialised on, so one binary per tile plan serves every batch (see :func:`warm_up`).
+captures in a CUDA graph on buffers from :func:`prepare_forward`. Without a gradient to take
+(serving), the public call launches directly; with one, through a ``torch.autograd.Function``.
+A batch shape's tile plan is computed once. Every pointer handed to a kernel starts on a
+16-byte boundary and the integers that vary with the batch are not specialised on, so one
+binary per tile plan serves every batch (see :func:`warm_up`).
 
 Importing this module imports triton; :mod:`rnnserve.models.smoothing` does so lazily. Under
 ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (that is how CI tests them).
@@ -42,6 +44,7 @@ Importing this module imports triton; :mod:`rnnserve.models.smoothing` does so l
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -359,7 +362,23 @@ def plan_tiles(
     sequence), and the longest chunk that fits, for the fewest trips. Look-back: the chunked
     scan's tiles, each scanned whole (no ``sub``).
     """
-    scan = scan or DEFAULT_SCAN
+    # the default read here, not cached: tests and benchmarks switch it
+    return _planned(n_steps, n_seqs, n_feat, chunk, block, carry, sub, scan or DEFAULT_SCAN)
+
+
+@functools.lru_cache(maxsize=4096)
+def _planned(
+    n_steps: int,
+    n_seqs: int,
+    n_feat: int,
+    chunk: int | None,
+    block: int | None,
+    carry: int | None,
+    sub: int | None,
+    scan: str,
+) -> TilePlan:
+    # plan_tiles's work, once per batch shape: a served batch's plan costs a dictionary look-up
+    # (TilePlan is frozen, so one instance can serve every call of its shape)
     if scan not in SCANS:
         raise ValueError(f"scan must be one of {', '.join(SCANS)}, got {scan!r}")
     n_cols = n_seqs * n_feat
@@ -483,17 +502,26 @@ def device_schedule(
     not be, and every batch of the other parity would compile its own kernels.
     """
     sizes = batch_sizes.to(device="cpu", dtype=torch.int64)
-    parts = [sizes, torch.cumsum(sizes, 0) - sizes]
+    n_steps = sizes.numel()
+    n_seqs = int(sizes[0]) if plan.scan == "chained" else 0
+    # parts laid end to end in one zeroed buffer, each from a whole 16-byte unit: written in
+    # place (no per-part tensors or concatenation), copied in one go
+    starts = [0, _padded(n_steps, sizes)]
+    starts.append(2 * starts[1])
+    meta = torch.zeros(starts[2] + _padded(n_seqs, sizes), dtype=torch.int64)
+    meta[:n_steps] = sizes
+    torch.cumsum(sizes[:-1], 0, out=meta[starts[1] + 1 : starts[1] + n_steps])  # exclusive
     if plan.scan == "chained":
-        parts.append(sequence_lengths(sizes))
-    per_unit = _ALIGN // sizes.element_size()
-    padded = [torch.cat([p, p.new_zeros(-p.numel() % per_unit)]) for p in parts]
-    meta = torch.cat(padded).to(device, non_blocking=True)
-    views, start = [], 0
-    for part, pad in zip(parts, padded, strict=True):
-        views.append(meta[start : start + part.numel()])
-        start += pad.numel()
-    return views[0], views[1], views[2] if plan.scan == "chained" else None
+        meta[starts[2] : starts[2] + n_seqs] = sequence_lengths(sizes)
+    meta = meta.to(device, non_blocking=True)
+    bs, off = meta[:n_steps], meta[starts[1] : starts[1] + n_steps]
+    return bs, off, meta[starts[2] : starts[2] + n_seqs] if plan.scan == "chained" else None
+
+
+def _padded(count: int, like: Tensor) -> int:
+    """``count`` elements of ``like``'s dtype rounded up to whole 16-byte units."""
+    per_unit = _ALIGN // like.element_size()
+    return count + (-count % per_unit)
 
 
 @dataclass(frozen=True, eq=False)
@@ -558,9 +586,16 @@ def forward_buffers(
     final = torch.empty((plan.n_seqs, plan.n_feat), dtype=x.dtype, device=dev)
     scratch: tuple[Tensor, ...] = ()
     if plan.scan == "chunked":
-        carry = torch.empty((plan.n_chunks + 1, plan.n_cols), dtype=cdt, device=dev)
-        sum_a = torch.empty((plan.n_chunks, plan.n_cols), dtype=cdt, device=dev)
-        scratch = (carry, sum_a, torch.empty_like(sum_a))
+        # the carry and the two chunk-summary arrays: views of one allocation, each from a
+        # 16-byte boundary (so every batch meets the binaries warm-up compiled)
+        shapes = ((plan.n_chunks + 1, plan.n_cols), *((plan.n_chunks, plan.n_cols),) * 2)
+        sizes = [_padded(rows * cols, alpha_c) for rows, cols in shapes]
+        flat = torch.empty(sum(sizes), dtype=cdt, device=dev)
+        starts = [0, sizes[0], sizes[0] + sizes[1]]
+        scratch = tuple(
+            flat[start : start + rows * cols].view(rows, cols)
+            for start, (rows, cols) in zip(starts, shapes, strict=True)
+        )
     elif plan.scan == "lookback":
         from rnnserve.models.kernels.smoother_triton_single_pass import lookback_scratch
 
@@ -765,7 +800,13 @@ def smooth_packed_triton(
         sizes.numel(), n_seqs, n_feat, chunk=chunk, block=block, carry=carry, sub=sub, scan=scan
     )
     bs, off, lens = device_schedule(sizes, plan, data.device)
-    y, final = _SmootherFn.apply(
-        data, alpha, wx, init, bs, off, lens, plan, torch.is_grad_enabled()
-    )
-    return y, final
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (data, alpha, wx, init)
+    ):
+        y, final = _SmootherFn.apply(data, alpha, wx, init, bs, off, lens, plan, True)
+        return y, final
+    # nothing to differentiate (serving): the launches without autograd's bookkeeping
+    x, alpha_c, wx_c, init_c = _operands(data, alpha, wx, init)
+    buf = forward_buffers(plan, x, bs, off, lens, alpha_c, wx_c, init_c, store_s=False)
+    launch_forward(buf)
+    return buf.y, buf.final
