@@ -238,3 +238,38 @@ def test_a_client_that_vanishes_while_its_chunk_runs_frees_its_slot_without_wait
         metrics = client.get("/metrics").text
         assert sample(metrics, "rnnserve_sessions_open", model="traveller") == 0
         assert byte_budget(app.state).used == 0
+
+
+def test_chunks_of_sessions_are_batched_with_each_other_and_with_requests() -> None:
+    # a long batching delay: what arrives together is run together
+    app = create_app(Settings(max_delay_ms=500.0, rollout_scheduling="batch"))
+    with TestClient(app) as client:
+        rows = [[0.5] * width(client)] * 4
+        before = client.get("/metrics").text
+        barrier = threading.Barrier(4)
+        answers: list[Any] = []
+
+        def session() -> None:
+            with client.websocket_connect(PATH) as ws:
+                barrier.wait()
+                answers.append(send_chunk(ws, rows))
+
+        def request() -> None:
+            barrier.wait()
+            answers.append(client.post("/rollout", json={"inputs": [rows]}).json())
+
+        threads = [threading.Thread(target=session) for _ in range(3)]
+        threads.append(threading.Thread(target=request))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        after = client.get("/metrics").text
+    assert len(answers) == 4
+    assert all("outputs" in a or "positions" in a for a in answers), answers
+
+    def moved(name: str) -> float:
+        return sample(after, name, model="traveller") - sample(before, name, model="traveller")
+
+    assert moved("rnnserve_batch_requests_sum") == 4  # three chunks and one request
+    assert moved("rnnserve_batch_requests_count") < 4  # in fewer batches than items
