@@ -3,6 +3,7 @@
 Usage::
 
     python -m bench.bench_gpu_e2e [--devices cuda cpu] [--quick] [--out docs/BENCHMARKS.md]
+        [--json FILE]
 
 For each device a real ``rnnserve`` process (default settings but ``--device``) serves three
 workloads in turn, each driven by 64 concurrent clients (``bench.bench_http``'s aiohttp load
@@ -15,7 +16,8 @@ generator, in this process, on the same host) sending JSON requests of one seque
 Reported per workload and device: requests/s, the ratio to the last device listed (the CPU by
 default), p50 and p99 latency, mean requests per batch and batch compute time (read back from
 ``/metrics`` before and after the timed phase), and the largest difference between the devices'
-answers to the same requests. ``scripts/gpu_check.sh`` runs this on a GPU host; with
+answers to the same requests. ``bench.gpu_decide`` runs this on a GPU host (``--json``: the
+same figures as one JSON row per workload and device, for its rules); with
 ``--devices cpu --quick`` it is a smoke test that runs anywhere.
 """
 
@@ -277,6 +279,22 @@ def render(
     return "\n".join(lines)
 
 
+def json_rows(results: Sequence[Result]) -> list[dict[str, object]]:
+    """The figures of :func:`render`, one row per workload and device."""
+    return [
+        {
+            "workload": r.workload.label,
+            "device": r.device,
+            "rps": r.rps,
+            "p50_ms": r.p50 * 1e3,
+            "p99_ms": r.p99 * 1e3,
+            "requests_per_batch": r.requests_per_batch,
+            "compute_ms": r.compute_ms,
+        }
+        for r in results
+    ]
+
+
 def _log(msg: str) -> None:
     print(f"[bench_gpu_e2e] {msg}", file=sys.stderr, flush=True)
 
@@ -294,13 +312,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="extra rnnserve flag for every server (repeatable): --server-arg=--max-batch-size=9",
     )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write the figures to this JSON file"
+    )
     args = parser.parse_args(argv)
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as tmp:
         for device in args.devices:
             results += run_device(device, args.quick, args.server_arg, Path(tmp))
+            if args.json is not None:  # after each device: a cut run keeps the first
+                rows = {"step": "e2e", "rows": json_rows(results), "done": False}
+                args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     section = render(results, args.devices, args.quick, args.server_arg)
     write_section(args.out, section, BEGIN, END)
+    if args.json is not None:
+        rows = {"step": "e2e", "rows": json_rows(results), "done": True}
+        args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     print(section)
     return 0
 
