@@ -389,17 +389,21 @@ def kernel_config(rows: int, hidden: int, *, interpret: bool = False) -> KernelC
 
     Under 16 rows tl.dot would pad M to 16, so small batches use broadcast-and-sum with narrow
     hidden blocks (more programs stream the weights: at B = 1 a step is bound by reading them).
-    From 16 rows up, tl.dot with 16-32 row tiles and 16 hidden units: B = 1024, H = 128 gives
-    256 programs a layer on 132 SMs. ``interpret``: Triton's interpreter pays per operation, not
-    per element, so there all hidden units go to one program (tests pick GPU tiles explicitly).
+    From 16 rows up, tl.dot with 16-32 row tiles and 16 hidden units (B = 512, H = 128: 128
+    programs a layer on 132 SMs); from 1024 rows, 64-row tiles on 8 warps, which read each
+    weight tile half as often as 32-row ones (B = 1024: 128 programs, one wave). ``interpret``:
+    Triton's interpreter pays per operation, not per element, so there all hidden units go to
+    one program (tests pick GPU tiles explicitly).
     """
     h_pow = _pow2(hidden)
     if rows < 16:
         block_h = min(max(h_pow, 8), 64) if interpret else min(8, max(h_pow, 8))
         block_k = max(16, min(128, 2048 // (rows * block_h)))  # not read by this path
         return KernelConfig(rows, block_h, block_k, use_dot=False)
-    block_b = 16 if rows <= 128 else 32
     block_h = min(max(h_pow, 16), 64) if interpret else 16
+    if rows >= 1024:  # at 4 warps a 64-row tile spills (255 registers)
+        return KernelConfig(64, block_h, 32, use_dot=True, num_warps=8)
+    block_b = 16 if rows <= 128 else 32
     return KernelConfig(block_b, block_h, 32, use_dot=True)
 
 

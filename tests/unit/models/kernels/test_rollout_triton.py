@@ -317,7 +317,7 @@ def test_tiles() -> None:
             if cfg.use_dot:
                 assert min(cfg.block_b, cfg.block_h, cfg.block_k) >= 16  # tl.dot's minimum
             assert cfg.block_b <= rows
-    assert rt.kernel_config(1024, 128).block_h == 16  # 256 programs a layer on the GPU
+    assert rt.kernel_config(1024, 128).block_h == 16  # 128 programs a layer on the GPU
 
 
 def _pow2(n: int) -> bool:
@@ -337,26 +337,30 @@ def test_tiles_are_powers_of_two_for_every_bucket(hidden: int) -> None:
 def test_tiles_follow_the_documented_policy() -> None:
     """Under 16 rows: broadcast-and-sum, 8 hidden units a program on the GPU (more programs
     stream the weights), all units in one program interpreted (up to 64), and K tiles of about
-    2048 elements (16 to 128); from 16 rows: tl.dot with 16-row tiles up to 128 rows, 32 above,
-    16 hidden units on the GPU."""
-    gpu = {rows: rt.kernel_config(rows, 128) for rows in (1, 2, 4, 8, 16, 128, 256, 1024)}
-    assert [(c.block_b, c.block_h, c.block_k, c.use_dot) for c in gpu.values()] == [
-        (1, 8, 128, False),
-        (2, 8, 128, False),
-        (4, 8, 64, False),
-        (8, 8, 32, False),
-        (16, 16, 32, True),
-        (16, 16, 32, True),
-        (32, 16, 32, True),
-        (32, 16, 32, True),
+    2048 elements (16 to 128); from 16 rows: tl.dot with 16-row tiles up to 128 rows, 32 up to
+    512, 64 (on 8 warps) from 1024, 16 hidden units on the GPU."""
+    sizes = (1, 2, 4, 8, 16, 128, 256, 512, 1024, 2048)
+    gpu = {rows: rt.kernel_config(rows, 128) for rows in sizes}
+    assert [(c.block_b, c.block_h, c.block_k, c.use_dot, c.num_warps) for c in gpu.values()] == [
+        (1, 8, 128, False, 4),
+        (2, 8, 128, False, 4),
+        (4, 8, 64, False, 4),
+        (8, 8, 32, False, 4),
+        (16, 16, 32, True, 4),
+        (16, 16, 32, True, 4),
+        (32, 16, 32, True, 4),
+        (32, 16, 32, True, 4),
+        (64, 16, 32, True, 8),
+        (64, 16, 32, True, 8),
     ]
-    interpreted = [rt.kernel_config(rows, 128, interpret=True) for rows in (1, 2, 8, 16, 256)]
+    interpreted = [rt.kernel_config(rows, 128, interpret=True) for rows in (1, 2, 8, 16, 256, 1024)]
     assert [(c.block_b, c.block_h, c.block_k) for c in interpreted] == [
         (1, 64, 32),
         (2, 64, 16),
         (8, 64, 16),
         (16, 64, 32),
         (32, 64, 32),
+        (64, 64, 32),
     ]
     assert rt.kernel_config(4, 4, interpret=True).block_h == 8  # at least 8 units
     assert rt.kernel_config(32, 8, interpret=True).block_h == 16  # tl.dot's minimum
@@ -667,6 +671,8 @@ def test_a_traveller_without_inputs_runs_free() -> None:
         (GEMV, [7, 6, 3, 3, 1], 20, 3, 3),  # 4 row blocks, the last 3 dropping out
         (rt.KernelConfig(4, 8, 16, use_dot=False), [5, 5, 2], 12, 9, 2),  # B = 5 on 4-row tiles
         (DOT, [17, 17, 3], 20, 6, 3),  # 2 row blocks, the second empty after step 1
+        # the 64-row tiles of large batches: B = 70, a second block of 6 rows, then of 1
+        (rt.KernelConfig(64, 16, 16, use_dot=True, num_warps=8), [70, 70, 65, 3], 20, 6, 2),
     ],
 )
 def test_hoisted_weights_match_rollout_packed(
