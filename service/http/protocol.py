@@ -160,6 +160,15 @@ class _HeaderTimeout:
         self._writes_flowing()
         super().connection_lost(exc)  # type: ignore[misc]
 
+    def handle_websocket_upgrade(self, *event: Any) -> None:
+        """The connection becomes a WebSocket's: no request head is awaited on it any more, so
+        the header timer must not fire into the WebSocket's stream (its own idle timeout and
+        pings bound it), nor keep this protocol alive after the WebSocket's took over."""
+        self._disarm()
+        self._header_timeout_s = None  # data_received would arm it again after this returns
+        self._writes_flowing()
+        super().handle_websocket_upgrade(*event)  # type: ignore[misc]
+
     # -- answers a client does not read (module docstring) --
 
     _write_timer: asyncio.TimerHandle | None = None

@@ -241,12 +241,6 @@ def test_an_idle_session_is_closed_with_4408(limited: Server) -> None:
     assert (code, reason["type"]) == (4408, "idle_timeout")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the HTTP protocol's header timer (service/http/protocol.py) is left armed when the "
-    "connection upgrades to a WebSocket: when it fires it writes a 408 into the stream and "
-    "closes the connection",
-)
 def test_a_session_lives_past_the_header_timeout(limited: Server) -> None:
     x = [np.zeros((2, input_dim(limited, "traveller", TOKEN)), np.float32)]
     with connect(ws_url(limited, "traveller"), additional_headers=authed()) as ws:
