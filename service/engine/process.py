@@ -98,7 +98,7 @@ async def _serve(
     runtime = ModelRuntime(settings, Metrics(multiprocess=True))
     await runtime.start()
     log_models(runtime.models, log)
-    server = EngineServer(runtime, socket_path)
+    server = EngineServer(runtime, socket_path, settings.models_ack_timeout_s)
     await server.start()
     runtime.on_models_changed(server.announce_models)
     loop.add_signal_handler(signal.SIGHUP, runtime.reload_soon, "SIGHUP")

@@ -43,15 +43,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MODELS_ACK_TIMEOUT_S: float = Settings.model_fields["models_ack_timeout_s"].default
 
 
-def models_ack_timeout_of(runtime: Runtime) -> float:
-    """The runtime's ``models_ack_timeout_s`` setting (the engine's ModelRuntime has settings;
-    a runtime without them gets the setting's default)."""
-    settings = getattr(runtime, "settings", None)
-    if isinstance(settings, Settings):
-        return settings.models_ack_timeout_s
-    return DEFAULT_MODELS_ACK_TIMEOUT_S
-
-
 def _logged(request: RequestContext | None) -> bool:
     return request is not None and request.failure_logged
 
@@ -232,16 +223,17 @@ async def _all_acknowledged(
 class EngineServer:
     """Serves a runtime's models to HTTP workers on a Unix domain socket;
     :meth:`announce_models` tells every connected worker the new model list and waits up to
-    ``models_ack_timeout_s`` (unset: the runtime's setting) for each to acknowledge it."""
+    ``models_ack_timeout_s`` (the setting of that name) for each to acknowledge it."""
 
     def __init__(
-        self, runtime: Runtime, path: str, models_ack_timeout_s: float | None = None
+        self,
+        runtime: Runtime,
+        path: str,
+        models_ack_timeout_s: float = DEFAULT_MODELS_ACK_TIMEOUT_S,
     ) -> None:
         self.runtime = runtime
         self.path = path
-        self.models_ack_timeout_s = (
-            models_ack_timeout_of(runtime) if models_ack_timeout_s is None else models_ack_timeout_s
-        )
+        self.models_ack_timeout_s = models_ack_timeout_s
         self._server: asyncio.AbstractServer | None = None
         self._connections: dict[_Connection, asyncio.Task[None]] = {}
         self._idle = asyncio.Event()
