@@ -6,16 +6,18 @@ Usage::
         [--scans chunked,chained] [--kernels smoother,rollout] [--gpu-time]
 
 The Triton kernels' tiles were chosen by reasoning, on a machine without a GPU; the first H200 run
-(docs/BENCHMARKS.md) put both kernels well off their targets. GPU time comes in minutes a session,
-so this sweep measures, within a time budget, candidate tiles for the benchmark's shapes:
+(docs/BENCHMARKS.md) put both kernels well off their targets. GPU time comes in minutes, so this
+sweep measures, within a time budget, candidate tiles for the benchmark's shapes (it is not part
+of ``bench.gpu_decide``'s ten-minute run, which measures each design's default plan and a few
+``sub`` tiles; run it on its own when a GPU host has time to spare):
 
 - the smoother (``smooth_packed_triton``): the single-pass chained scan (``scan="chained"``, one
   program per column block walking its chunks in order) with its ``chunk`` × ``block`` tiles, then
   the default chunked scan's ``chunk`` × ``block`` × ``sub`` (the forward scanning each chunk in
   pieces of ``sub`` steps; ``sub == chunk`` is one tree scan of the tile); the single-pass
   look-back scan (``scan="lookback"``) only when ``--scans`` names it: its programs wait on one
-  another, so a fault there is a hang, and ``scripts/gpu_check.sh`` sweeps it in a step (and a
-  process, under a timeout) of its own;
+  another, so a fault there is a hang: sweep it in a process of its own, under a timeout
+  (``bench.gpu_decide`` measures each design in a step of its own);
 - the Traveller's rollout (``TritonRollout``): ``KernelConfig`` tiles (rows × hidden units ×
   K, warps), ``tl.dot`` precision (``ieee`` or ``tf32x3``) and programmatic dependent launch.
 
@@ -62,7 +64,7 @@ END = "<!-- bench_tiles:end -->"
 TOLERANCE = 1e-5
 SHOWN = 6  # fastest candidates listed per shape besides the default
 # the smoother's forward designs swept by default; "lookback" spins on flags other programs set,
-# so it is swept on its own (scripts/gpu_check.sh gives it a step and a timeout of its own)
+# so it is swept on its own, in a process under a timeout
 DEFAULT_SCANS = ("chunked", "chained")
 KERNELS = ("smoother", "rollout")
 # --gpu-time: the buffer sets one graph rotates through hold at least this many bytes (an H200's
