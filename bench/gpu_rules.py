@@ -31,7 +31,11 @@ PREDICTIONS: tuple[tuple[str, str, str], ...] = (
     ("smoother per call against JAX `associative_scan`", "1.5–3× faster", "≥ 5× faster"),
     ("smoother host overhead per call, 1 sequence", "25–50 µs (3 launches' binding)", "≤ 30 µs"),
     ("compiles after warm-up, 200 random batches", "0", "0"),
-    ("rollout µs/step, B = 1 / 64 / 1024 (today's kernels)", "8–9 / 13–15 / 27–30", "≤ 6/10/15"),
+    (
+        "rollout µs/step, B = 1 / 64 / 1024",
+        "6–8 / 10–13 / 15–25 (one kernel a layer a step still)",
+        "≤ 6/10/15",
+    ),
     ("rollout µs/step with PDL", "≤ 0.95× without", "—"),
     ("rollout against JAX `lax.scan`", "0.7–0.95×", "≤ 0.5×"),
     (
