@@ -383,7 +383,8 @@ def test_tile_sweep_quick_run_measures_the_default_first(tmp_path: Path) -> None
 
 
 def test_tile_sweep_of_the_lookback_scan_alone(tmp_path: Path) -> None:
-    """gpu_check.sh's separate step: the smoother only, the look-back scan beside the default."""
+    """The smoother only, the look-back scan beside the default (its own run: its programs wait
+    on one another)."""
     out = tmp_path / "BENCH.md"
     run_quick("bench_tiles", out, "--device", "cpu", "--kernels", "smoother", "--scans", "lookback")
     text = out.read_text(encoding="utf-8")

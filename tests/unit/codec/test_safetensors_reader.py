@@ -398,7 +398,7 @@ def test_a_long_json_number_past_float32_is_refused_without_a_warning() -> None:
     )  # fmt: skip
 
 
-# --- the JSON fast path's own room and its float32 overflow (session 5's run of _decode_json) ---
+# --- the JSON fast path's own room and its float32 overflow ---
 
 
 def _json_fast(body: bytes, limits: Limits, width: int = 1) -> Any:

@@ -228,8 +228,8 @@ def test_the_shared_rollout_passes_every_state_on(monkeypatch: pytest.MonkeyPatc
 def test_a_capture_into_another_graph_is_refused_on_cuda_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Its own graph replays cannot be captured into a caller's CUDA graph (session 6's H200
-    run: the attempt failed halfway, and later calls hit an illegal memory access)."""
+    """Its own graph replays cannot be captured into a caller's CUDA graph (the H200 run of
+    2026-11-30: the attempt failed halfway, and later calls hit an illegal memory access)."""
     capturing = [True]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     with pytest.raises(
