@@ -10,19 +10,30 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import MutableMapping
+from collections.abc import AsyncIterator, MutableMapping
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import numpy as np
 import orjson
 import pytest
+from fastapi import FastAPI
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry, Gauge
 from safetensors.numpy import save
 
+from rnnserve.service import tracing
 from rnnserve.service.codec import bodies
+from rnnserve.service.config import Settings
 from rnnserve.service.http import auth, errors, inference, responses, routes
+from rnnserve.service.http.app import create_app
 from rnnserve.service.http.responses import BuffersResponse, json_response
+from rnnserve.service.http.streaming import NDJSON
 from rnnserve.service.http.validation import InferRequest
 from rnnserve.service.interface import (
     BatcherClosed,
@@ -31,6 +42,7 @@ from rnnserve.service.interface import (
     NonFiniteInput,
     QueueFull,
     RequestError,
+    StateMismatch,
 )
 from tests.integration.conftest import AppClient
 from tests.metrics import value
@@ -383,6 +395,19 @@ async def test_each_failure_of_the_model_call_gets_its_answer(
     assert len(failed) == (1 if status == 500 else 0)
 
 
+async def test_a_state_mismatch_the_model_found_is_located_at_the_states_version(
+    app_client: AppClient,
+) -> None:
+    async def infer(name: str, sequences: Any) -> Any:
+        raise StateMismatch("the state is version 1's; the model is at version 2")
+
+    async with app_client() as (app, client):
+        app.state.runtime.infer = infer
+        r = await client.post("/smooth", json={"sequences": [[[0.5] * 16]]})
+    assert r.status_code == 409
+    refused(r.json(), "state_mismatch", ["state", "version"], "version 1's")
+
+
 async def test_a_non_finite_value_the_model_found_is_located(app_client: AppClient) -> None:
     async def infer(name: str, sequences: Any) -> Any:
         raise NonFiniteInput.in_sequence(1)
@@ -536,7 +561,7 @@ async def test_request_durations_are_the_time_each_request_took(app_client: AppC
     assert 0 < total <= wall
 
 
-async def test_a_streamed_rollout_carries_its_request_id_and_is_counted_under_its_model(
+async def test_a_streamed_rollout_is_ndjson_with_its_request_id_counted_under_its_model(
     app_client: AppClient,
 ) -> None:
     async with app_client() as (_, client):
@@ -547,6 +572,7 @@ async def test_a_streamed_rollout_carries_its_request_id_and_is_counted_under_it
         )
         text = (await client.get("/metrics")).text
     assert r.status_code == 200
+    assert r.headers["content-type"] == NDJSON
     assert r.headers["x-request-id"] == "stream-1"
     assert orjson.loads(r.content.splitlines()[-1]) == {"model": "traveller", "done": True}
     count = "rnnserve_request_duration_seconds_count"
@@ -592,3 +618,71 @@ def test_an_answers_json_size_is_estimated_at_12_bytes_a_number() -> None:
     assert inference.answer_json_bytes(FlatSequences.from_arrays(arrays)) == 12 * 8
     assert inference.answer_json_bytes(arrays) == 12 * 8  # a plain list of arrays too
     assert inference.answer_json_bytes([]) == 0
+
+
+@asynccontextmanager
+async def traced_app(exporter: InMemorySpanExporter) -> AsyncIterator[FastAPI]:
+    """The app with its spans exported to ``exporter``; tracing off again after it."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = create_app(Settings(max_delay_ms=5.0), tracer_provider=provider)
+    try:
+        async with app.router.lifespan_context(app):
+            yield app
+    finally:
+        tracing.use(None)
+
+
+def server_span(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:
+    [span] = [s for s in exporter.get_finished_spans() if s.name == name]
+    return span
+
+
+async def test_a_client_that_leaves_is_traced_as_client_closed_499() -> None:
+    async def infer(name: str, sequences: Any) -> Any:
+        await asyncio.sleep(30)
+
+    exporter = InMemorySpanExporter()
+    async with traced_app(exporter) as app:
+        app.state.runtime.infer = infer
+        body = orjson.dumps({"sequences": [[[0.5] * 16]]})
+        sent = await _raw_call(app, "/smooth", body, 0.05, [])
+    assert sent[0]["status"] == 499
+    span = server_span(exporter, "POST /smooth")
+    assert span.attributes is not None
+    assert span.attributes["http.response.status_code"] == 499
+    assert span.attributes["error.type"] == "client_closed"
+    assert span.status.status_code is StatusCode.UNSET  # the client's doing, not a failure
+
+
+async def test_a_failure_of_the_model_is_traced_as_internal_and_fails_the_span() -> None:
+    async def infer(name: str, sequences: Any) -> Any:
+        raise RuntimeError("boom")
+
+    exporter = InMemorySpanExporter()
+    async with traced_app(exporter) as app:
+        app.state.runtime.infer = infer
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rnnserve") as client:
+            r = await client.post("/smooth", json={"sequences": [[[0.5] * 16]]})
+    assert r.status_code == 500
+    span = server_span(exporter, "POST /smooth")
+    assert span.attributes is not None
+    assert span.attributes["http.response.status_code"] == 500
+    assert span.attributes["error.type"] == "internal"
+    assert (span.status.status_code, span.status.description) == (StatusCode.ERROR, "internal")
+
+
+async def test_a_streamed_rollouts_span_ends_once_with_the_streams_status() -> None:
+    exporter = InMemorySpanExporter()
+    async with traced_app(exporter) as app:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rnnserve") as client:
+            r = await client.post(
+                "/rollout", json={"inputs": [[[0.1] * 6] * 3]}, headers={"accept": NDJSON}
+            )
+    assert r.status_code == 200
+    span = server_span(exporter, "POST /rollout")  # ended by the stream, not left open
+    assert span.attributes is not None
+    assert span.attributes["http.response.status_code"] == 200
+    assert "error.type" not in span.attributes
