@@ -102,10 +102,10 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "http": HeaderTimeoutProtocol,
         "limit_concurrency": settings.limit_concurrency,
         "h11_max_incomplete_event_size": settings.max_request_head_bytes,
-        # a session's frame is held to a body's limit, refused from its header with the
-        # session's own close reason (ws_protocol)
+        # a session's frame is held to its limit, refused from its header with the session's
+        # own close reason (ws_protocol)
         "ws": SessionWebSocketProtocol,
-        "ws_max_size": settings.max_request_bytes,
+        "ws_max_size": settings.max_chunk_bytes,
     }
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "RNNSERVE_"
@@ -35,6 +35,12 @@ def _check_token(token: str, what: str) -> None:
             f"{what} holds the deployment files' placeholder ({PLACEHOLDER_TOKEN_PREFIX}...); "
             "replace it with a token of your own (docs/DEPLOY.md)"
         )
+
+
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+# a session's frame: a chunk of a stream is steps, rarely over a few hundred KiB; each open
+# session may hold one such frame outside max_inflight_bytes (docs/SESSIONS.md#memory)
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 class Settings(BaseSettings):
@@ -129,7 +135,7 @@ class Settings(BaseSettings):
         1024, ge=1, description="Requests waiting per model beyond which new ones get 503."
     )
     max_request_bytes: int = Field(
-        64 * 1024 * 1024, ge=1, description="Largest request body accepted (413 above)."
+        MAX_REQUEST_BYTES, ge=1, description="Largest request body accepted (413 above)."
     )
     max_request_head_bytes: int = Field(
         64 * 1024,
@@ -238,6 +244,37 @@ class Settings(BaseSettings):
         gt=0,
         description="Longest a streaming session may send nothing; then it is closed (4408).",
     )
+    max_chunk_bytes: int = Field(
+        MAX_CHUNK_BYTES,
+        ge=1,
+        description="Largest frame of a streaming session (a chunk of steps), in bytes; a larger "
+        "one closes the session with 1009. At most max_request_bytes; unset: "
+        f"{MAX_CHUNK_BYTES} or max_request_bytes if that is smaller.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chunk_limit_within_a_body(cls, data: Any) -> Any:
+        """An unset ``max_chunk_bytes`` is the smaller of its default and ``max_request_bytes``
+        (a frame is read as a request body), so lowering the body limit lowers the frame's."""
+        if not isinstance(data, dict) or data.get("max_chunk_bytes") is not None:
+            return data
+        try:
+            body_limit = int(data.get("max_request_bytes", MAX_REQUEST_BYTES))
+        except (TypeError, ValueError):  # the field's own validation says what is wrong
+            return data
+        if body_limit < MAX_CHUNK_BYTES:
+            return {**data, "max_chunk_bytes": body_limit}
+        return data
+
+    @model_validator(mode="after")
+    def _chunk_not_over_a_body(self) -> Settings:
+        if self.max_chunk_bytes > self.max_request_bytes:
+            raise ValueError(
+                f"max_chunk_bytes ({self.max_chunk_bytes}) is over max_request_bytes "
+                f"({self.max_request_bytes}): a session's frame is read as a request body"
+            )
+        return self
 
     @field_validator("api_token_file")
     @classmethod

@@ -51,12 +51,16 @@ A = TypeVar("A")
 # close codes (RFC 6455 and the application's 4000-4999: 4000 + the HTTP status of the error)
 NORMAL = 1000
 POLICY_VIOLATION = 1008  # no bearer token, or a wrong one
-MESSAGE_TOO_BIG = 1009  # a frame over max_request_bytes (TOO_LARGE)
+MESSAGE_TOO_BIG = 1009  # a frame over max_chunk_bytes (TOO_LARGE)
 TRY_AGAIN_LATER = 1013  # max_sessions open already, or the server is not ready
 IDLE_TIMEOUT = 4408  # nothing came within session_idle_timeout_s
 _REASON_BYTES = 123  # the most a close frame's reason may hold (RFC 6455)
 
-TOO_LARGE = "body_too_large"  # the error type of a frame over max_request_bytes
+TOO_LARGE = "body_too_large"  # the error type of a frame over max_chunk_bytes
+
+# the scope extension, an asyncio.Event, by which rnnserve's WebSocket protocol says the
+# connection is lost (ws_protocol); other servers have none
+CONNECTION_LOST = "rnnserve.connection_lost"
 
 # a text frame this short may be a control message: read whole before it is taken as a chunk
 _CONTROL_BYTES = 256
@@ -78,7 +82,7 @@ def close_code(error_type: str) -> int:
 def too_large_detail(limit: int) -> str:
     """The detail of the close of a frame over ``limit`` bytes: the same whether the session
     or the WebSocket layer (:mod:`rnnserve.service.http.ws_protocol`) refuses it."""
-    return f"a frame is over {limit} bytes (max_request_bytes)"
+    return f"a frame is over {limit} bytes (max_chunk_bytes)"
 
 
 def close_reason(error_type: str, detail: str) -> str:
@@ -181,6 +185,22 @@ async def _close(websocket: WebSocket, error_type: str, detail: str) -> None:
         await websocket.close(close_code(error_type), close_reason(error_type, detail))
 
 
+@dataclass(frozen=True)
+class _Taken:
+    """A frame the session has taken from the connection: its bytes, held in the budget from
+    then until its chunk is answered; or what answers it instead."""
+
+    frame: bytes = b""
+    binary: bool = False
+    held: int = 0  # bytes of the budget the frame holds
+    refused: RequestError | None = None  # the budget could not take it: answered with this
+    too_large: bool = False  # over max_chunk_bytes: the session ends
+    gone: bool = False  # the client closed the connection or vanished
+
+
+_GONE = _Taken(gone=True)
+
+
 @dataclass
 class _Session:
     websocket: WebSocket
@@ -195,55 +215,86 @@ class _Session:
 
         A reader task takes the frames as they come, so that a client that vanishes while its
         chunk runs is seen at once: the chunk leaves the queue or the running batch, and the
-        session its slot."""
-        frames: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue(maxsize=1)
+        session its slot. It takes one frame ahead of the running chunk at most, each counted
+        in the byte budget from then on, and reads no more until the session takes it: the
+        WebSocket layer then stops reading the connection too."""
+        frames: asyncio.Queue[_Taken] = asyncio.Queue(maxsize=1)
         gone = asyncio.Event()
         reader = asyncio.ensure_future(self._read(frames, gone))
+        lost = self.websocket.scope.get("extensions", {}).get(CONNECTION_LOST)
+        # the reader reads nothing while a frame waits: the protocol's word comes sooner
+        relay = asyncio.ensure_future(_set_when(lost, gone)) if lost is not None else None
+        budget = byte_budget(self.websocket.app.state)
         try:
             while True:
                 try:
                     async with asyncio.timeout(self.settings.session_idle_timeout_s):
-                        message = await frames.get()
+                        taken = await frames.get()
                 except TimeoutError:
                     raise _Ended(
                         "idle_timeout",
                         f"nothing came within {self.settings.session_idle_timeout_s:g} s "
                         "(session_idle_timeout_s)",
                     ) from None
-                if message["type"] == "websocket.disconnect":
-                    raise _Gone
-                await self._frame(message, gone)
+                frames.task_done()  # the waiting place is free: the reader takes the next
+                try:
+                    await self._answer(taken, gone)
+                finally:
+                    budget.give(taken.held)
+                    del taken  # its frame goes with its bytes in the budget
         finally:
             reader.cancel()
+            if relay is not None:
+                relay.cancel()
+            while not frames.empty():  # a frame the session ended before it took
+                budget.give(frames.get_nowait().held)
 
-    async def _read(
-        self, frames: asyncio.Queue[MutableMapping[str, Any]], gone: asyncio.Event
-    ) -> None:
+    async def _read(self, frames: asyncio.Queue[_Taken], gone: asyncio.Event) -> None:
         while True:
+            await frames.join()  # the frame taken before is the session's now
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
                 gone.set()
-            await frames.put(message)
-            if gone.is_set():
+                frames.put_nowait(_GONE)
+                return
+            taken = self._take(message)
+            frames.put_nowait(taken)  # never full: the session took the one before
+            if taken.too_large:
                 return
 
-    async def _frame(self, message: MutableMapping[str, Any], gone: asyncio.Event) -> None:
-        binary = message.get("bytes") is not None
-        frame: bytes = message["bytes"] if binary else (message.get("text") or "").encode()
+    def _take(self, message: MutableMapping[str, Any]) -> _Taken:
+        """The frame of ``message``, its bytes taken from the budget; ``message`` keeps none
+        of it (a text frame's text would be a second copy)."""
+        data: bytes | None = message.pop("bytes", None)
+        binary = data is not None
+        frame = data if data is not None else (message.pop("text", None) or "").encode()
         # under rnnserve's uvicorn options the WebSocket layer refuses such a frame first
         # (ws_protocol); this check holds the limit under any other ASGI server
-        if len(frame) > self.settings.max_request_bytes:
-            raise _Ended(TOO_LARGE, too_large_detail(self.settings.max_request_bytes))
+        if len(frame) > self.settings.max_chunk_bytes:
+            return _Taken(too_large=True)
+        budget = byte_budget(self.websocket.app.state)
+        if not budget.take(len(frame)):
+            return _Taken(refused=overloaded(budget))
+        return _Taken(frame, binary, held=len(frame))
+
+    async def _answer(self, taken: _Taken, gone: asyncio.Event) -> None:
+        if taken.gone or gone.is_set():
+            raise _Gone
+        if taken.too_large:
+            raise _Ended(TOO_LARGE, too_large_detail(self.settings.max_chunk_bytes))
+        if taken.refused is not None:
+            await self._refuse(taken.refused)
+            return
+        await self._frame(taken.frame, taken.binary, gone)
+
+    async def _frame(self, frame: bytes, binary: bool, gone: asyncio.Event) -> None:
         started = time.perf_counter()
         if not binary and _asks_state(frame):
             await self._send_state()
             return
         budget = byte_budget(self.websocket.app.state)
-        held = Held()
+        held = Held()  # what the chunk takes beyond its frame (a precise parse)
         try:
-            if not budget.take(len(frame)):
-                raise overloaded(budget)
-            held.n = len(frame)
             sequences = await self._decode(frame, binary, budget, held)
             outputs = await self._until_gone(self._infer(sequences), gone)
         except RequestError as exc:
@@ -404,6 +455,11 @@ class _Session:
             await self.websocket.send_bytes(data)
         except (RuntimeError, OSError):
             raise _Gone from None
+
+
+async def _set_when(lost: asyncio.Event, gone: asyncio.Event) -> None:
+    await lost.wait()
+    gone.set()
 
 
 def _asks_state(frame: bytes) -> bool:

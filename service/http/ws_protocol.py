@@ -2,8 +2,8 @@
 
 uvicorn reads each WebSocket message whole before the app sees it, up to its ``ws_max_size``
 (16 MiB unless told), and closes the connection on a larger one itself. ``rnnserve`` sets
-``ws_max_size`` to ``max_request_bytes`` (:func:`rnnserve.service.cli.uvicorn_options`), so a
-session's frame is held to the same limit as a request body, and refused from its header
+``ws_max_size`` to ``max_chunk_bytes`` (:func:`rnnserve.service.cli.uvicorn_options`), so a
+session's frame is held to the sessions' own limit, and refused from its header
 (``websockets`` compares the frame's declared length with the limit before it reads the
 payload; a compressed frame is refused as soon as its inflated bytes pass the limit), never
 buffered whole. This protocol makes that close the session's own: 1009 with the JSON reason
@@ -15,6 +15,10 @@ refused frame unread, so the kernel resets the connection and the client, still 
 loses the close frame with it (the tests saw it). Here the server shuts its side down after the
 close frame (the client reads it, then the end of the stream) and discards what still comes
 until the client closes too, or for uvicorn's close timeout (10 s) at most.
+
+And it tells the session at once when the connection is lost (the scope's extension
+``CONNECTION_LOST``, an :class:`asyncio.Event`): a session that has a frame waiting behind its
+running chunk reads no further, so it would see the disconnect only after that chunk.
 
 It subclasses the protocol uvicorn's ``ws="auto"`` picks when ``websockets`` is installed (it
 is a dependency of rnnserve): the Sans-I/O one.
@@ -30,9 +34,15 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from uvicorn.server import ServerState
 from websockets.exceptions import PayloadTooBig
 from websockets.frames import CloseCode
+from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
-from rnnserve.service.http.sessions import TOO_LARGE, close_reason, too_large_detail
+from rnnserve.service.http.sessions import (
+    CONNECTION_LOST,
+    TOO_LARGE,
+    close_reason,
+    too_large_detail,
+)
 
 
 class _FrameLimitServerProtocol(ServerProtocol):
@@ -66,8 +76,19 @@ class SessionWebSocketProtocol(WebSocketsSansIOProtocol):
             max_size=(built.max_message_size, built.max_fragment_size),
             logger=built.logger,
         )
+        self._lost = asyncio.Event()  # set when the connection is lost, for the session
 
     _refused = False  # a message over the limit was refused: the rest is discarded
+
+    def handle_connect(self, event: Request) -> None:
+        super().handle_connect(event)
+        scope: dict[str, Any] | None = getattr(self, "scope", None)  # none: the handshake failed
+        if scope is not None:
+            scope["extensions"][CONNECTION_LOST] = self._lost
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._lost.set()
 
     def handle_parser_exception(self) -> None:
         if not isinstance(self.conn.parser_exc, PayloadTooBig):

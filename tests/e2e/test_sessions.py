@@ -28,7 +28,7 @@ TOLERANCE = 1e-5
 MODELS = ("smoother", "traveller")
 TOKEN = "session-test-token"
 # over uvicorn's own WebSocket limit (ws_max_size, 16 MiB unless told): the frame limit must be
-# max_request_bytes, not uvicorn's
+# max_chunk_bytes, not uvicorn's
 BIG_LIMIT = 17 * 1024 * 1024
 HEADER_TIMEOUT_S = 3  # the limited server's: a request head's limit, not a session's
 
@@ -39,7 +39,11 @@ def ws_url(server: Server, model: str) -> str:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
-    first = start_server(tmp_path_factory.mktemp("a"), "--max-request-bytes", str(BIG_LIMIT))
+    first = start_server(
+        tmp_path_factory.mktemp("a"),
+        "--max-request-bytes", str(BIG_LIMIT),
+        "--max-chunk-bytes", str(BIG_LIMIT),
+    )  # fmt: skip
     try:
         second = start_server(tmp_path_factory.mktemp("b"))
     except BaseException:
@@ -56,6 +60,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         tmp_path_factory.mktemp("workers"),
         "--workers", "2",
         "--max-request-bytes", str(BIG_LIMIT),
+        "--max-chunk-bytes", str(BIG_LIMIT),
     )  # fmt: skip
     yield server
     stop(server)
@@ -67,7 +72,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         tmp_path_factory.mktemp("limited"),
         "--max-sessions", "2",
         "--session-idle-timeout-s", "1",
-        "--max-request-bytes", "20000",
+        "--max-request-bytes", "20000",  # max_chunk_bytes follows it
         "--header-timeout-s", str(HEADER_TIMEOUT_S),
         env={"RNNSERVE_API_TOKEN": TOKEN},
     )  # fmt: skip
@@ -249,7 +254,7 @@ def test_a_session_lives_past_the_header_timeout(limited: Server) -> None:
             time.sleep(0.5)
 
 
-def test_a_chunk_over_max_request_bytes_closes_with_1009(limited: Server) -> None:
+def test_a_chunk_over_max_chunk_bytes_closes_with_1009(limited: Server) -> None:
     width = input_dim(limited, "traveller", TOKEN)
     big = [[[0.5] * width] * 1000]  # over the server's 20000 bytes
     with connect(ws_url(limited, "traveller"), additional_headers=authed()) as ws:
@@ -343,11 +348,11 @@ def test_sessions_carry_the_state_on_a_server_with_workers(workers: Server) -> N
         np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
 
 
-# -- frames over max_request_bytes, refused by the WebSocket layer ----------------------------
+# -- frames over max_chunk_bytes, refused by the WebSocket layer ------------------------------
 
 
 def big_limit_server(request: pytest.FixtureRequest, mode: str) -> Server:
-    """A server whose max_request_bytes is BIG_LIMIT, in one process or with workers."""
+    """A server whose max_chunk_bytes is BIG_LIMIT, in one process or with workers."""
     if mode == "workers":
         return request.getfixturevalue("workers")  # type: ignore[no-any-return]
     servers: tuple[Server, Server] = request.getfixturevalue("servers")
@@ -371,7 +376,7 @@ def test_a_frame_of_the_limit_is_answered_and_one_byte_more_closes_with_1009(
         with contextlib.suppress(ConnectionClosed):  # the server may be gone before the end
             ws.send(at_limit + " ")
         code, reason = closed_with(ws)
-    detail = f"a frame is over {BIG_LIMIT} bytes (max_request_bytes)"
+    detail = f"a frame is over {BIG_LIMIT} bytes (max_chunk_bytes)"
     assert (code, reason) == (1009, {"type": "body_too_large", "detail": detail})
 
 

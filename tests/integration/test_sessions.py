@@ -1,6 +1,7 @@
 """Streaming sessions in-process (Starlette's test client over the app's WebSocket route): the
-control message, what a chunk may and may not send, a reload under an open session, and the
-session metrics after a run."""
+control message, what a chunk may and may not send, a reload under an open session, the
+session metrics after a run, frames held in the byte budget while they wait, and the chunk
+limit."""
 
 from __future__ import annotations
 
@@ -273,3 +274,127 @@ def test_chunks_of_sessions_are_batched_with_each_other_and_with_requests() -> N
 
     assert moved("rnnserve_batch_requests_sum") == 4  # three chunks and one request
     assert moved("rnnserve_batch_requests_count") < 4  # in fewer batches than items
+
+
+# -- frames in the byte budget, the chunk limit ---------------------------------------------------
+
+
+def chunk_text(client: TestClient, steps: int, value: float) -> str:
+    return json.dumps({"inputs": [[[value] * width(client)] * steps]})
+
+
+def wait_for(condition: Any) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+def test_frames_count_in_the_budget_from_the_moment_the_session_takes_them(
+    served: tuple[FastAPI, TestClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, client = served
+    budget = byte_budget(app.state)
+    release = threading.Event()
+    real_infer = app.state.runtime.infer
+
+    async def held_back(name: str, sequences: Any) -> Any:
+        await asyncio.to_thread(release.wait, 60)  # the chunk runs until the test lets it go
+        return await real_infer(name, sequences)
+
+    monkeypatch.setattr(app.state.runtime, "infer", held_back)
+    first, second, third = (chunk_text(client, steps, 0.1) for steps in (3, 5, 7))
+    with client.websocket_connect(PATH) as ws:
+        ws.send_text(first)
+        wait_for(lambda: budget.used == len(first))  # running: its frame is held
+        ws.send_text(second)
+        wait_for(lambda: budget.used == len(first) + len(second))  # waiting: held too
+        ws.send_text(third)
+        time.sleep(0.2)  # room for a reader that would take a second frame ahead
+        assert budget.used == len(first) + len(second)  # one frame waits, no more
+        release.set()
+        answers = [ws.receive_json() for _ in range(3)]
+        assert [len(a["outputs"][0]) for a in answers] == [3, 5, 7]
+        wait_for(lambda: budget.used == 0)
+
+
+def test_a_frame_the_budget_cannot_take_is_answered_overloaded_and_the_session_goes_on(
+    served: tuple[FastAPI, TestClient],
+) -> None:
+    app, client = served
+    budget = byte_budget(app.state)
+    rows = [[0.1] * width(client)] * 3
+    with client.websocket_connect(PATH) as ws:
+        assert "outputs" in send_chunk(ws, rows)
+        ws.send_json({"get_state": True})
+        state = ws.receive_json()["state"]
+        full = budget.room()
+        budget.hold(full)  # what other requests hold: no room left
+        try:
+            refused = send_chunk(ws, rows)
+        finally:
+            budget.give(full)
+        assert (refused["status"], refused["error"]["type"]) == (503, "overloaded")
+        ws.send_json({"get_state": True})
+        assert ws.receive_json()["state"] == state  # the refused chunk did not move it
+        assert len(send_chunk(ws, rows)["outputs"][0]) == 3
+    assert budget.used == 0
+
+
+def test_a_frame_over_max_chunk_bytes_closes_with_1009_naming_the_setting() -> None:
+    limit = 2000
+    app = create_app(Settings(max_delay_ms=1.0, max_chunk_bytes=limit))
+    with TestClient(app) as client:
+        body = chunk_text(client, 3, 0.25)
+        at_limit = body + " " * (limit - len(body))  # JSON's white space: the same chunk
+        with client.websocket_connect(PATH) as ws:
+            ws.send_text(at_limit)
+            assert len(ws.receive_json()["outputs"][0]) == 3
+            ws.send_text(at_limit + " ")
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_json()
+        assert closed.value.code == 1009
+        detail = f"a frame is over {limit} bytes (max_chunk_bytes)"
+        assert json.loads(closed.value.reason) == {"type": "body_too_large", "detail": detail}
+        assert byte_budget(app.state).used == 0
+
+
+def test_a_client_lost_with_a_frame_waiting_frees_its_slot_on_the_servers_word(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a frame waiting behind the running chunk the session reads nothing more, so the
+    disconnect behind it is not read; rnnserve's WebSocket protocol says the connection is lost
+    (the scope's extension, stood in for here), and the session ends at once."""
+    app = create_app(Settings(max_delay_ms=1.0))
+    lost = asyncio.Event()
+
+    async def with_lost(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            extensions = {**scope.get("extensions", {}), sessions.CONNECTION_LOST: lost}
+            scope = {**scope, "extensions": extensions}
+        await app(scope, receive, send)
+
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def never_done(name: str, sequences: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with TestClient(with_lost) as client:
+        monkeypatch.setattr(app.state.runtime, "infer", never_done)
+        budget = byte_budget(app.state)
+        first, second = chunk_text(client, 3, 0.1), chunk_text(client, 4, 0.1)
+        with client.websocket_connect(PATH) as ws:
+            ws.send_text(first)
+            assert started.wait(30)
+            ws.send_text(second)
+            wait_for(lambda: budget.used == len(first) + len(second))  # one running, one waiting
+            ws.portal.call(lost.set)  # the connection is lost; no disconnect is read
+            assert cancelled.wait(30)
+            wait_for(lambda: sessions.sessions_of(app.state).open == 0)
+            wait_for(lambda: budget.used == 0)  # the waiting frame's bytes are given back

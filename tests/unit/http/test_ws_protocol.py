@@ -1,4 +1,4 @@
-"""The WebSocket layer's frame limit: a message over ``max_request_bytes`` is refused from its
+"""The WebSocket layer's frame limit: a message over ``max_chunk_bytes`` is refused from its
 header with the session's close code and JSON reason, and the client is left to read the close."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from websockets.protocol import State
 
 from rnnserve.service.cli import uvicorn_options
 from rnnserve.service.config import Settings
-from rnnserve.service.http.sessions import too_large_detail
+from rnnserve.service.http.sessions import CONNECTION_LOST, too_large_detail
 from rnnserve.service.http.ws_protocol import SessionWebSocketProtocol, _FrameLimitServerProtocol
 
 MIB = 1024 * 1024
@@ -37,9 +37,9 @@ def frame_head(length: int, opcode: int = 0x1) -> bytes:
 
 @pytest.mark.parametrize("limit", [1000, 17 * MIB])
 def test_both_process_modes_tell_uvicorn_the_frame_limit_and_the_protocol(limit: int) -> None:
-    options = uvicorn_options(Settings(max_request_bytes=limit))
+    options = uvicorn_options(Settings(max_request_bytes=32 * MIB, max_chunk_bytes=limit))
     assert options["ws"] is SessionWebSocketProtocol
-    assert options["ws_max_size"] == limit  # a session's frame is held to a body's limit
+    assert options["ws_max_size"] == limit  # a session's frame is held to max_chunk_bytes
 
 
 @pytest.mark.parametrize("limit", [1, 20_000, 17 * MIB, 2**62])
@@ -139,3 +139,26 @@ async def test_the_refusal_lets_the_client_read_the_close_then_ends_the_connecti
     assert protocol.close_timer is not None  # the connection ends on the client's EOF or this
     protocol.connection_lost(None)
     assert protocol.close_timer is None
+
+
+async def test_the_session_is_told_at_once_when_the_connection_is_lost() -> None:
+    woken: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        lost = scope["extensions"][CONNECTION_LOST]
+        woken.append(lost.is_set())
+        await lost.wait()  # a session busy with a chunk, reading nothing
+        woken.append(lost.is_set())
+
+    config = Config(app, ws=SessionWebSocketProtocol, lifespan="off")
+    config.load()
+    protocol = SessionWebSocketProtocol(config, ServerState(), {})
+    protocol.connection_made(FakeTransport())
+    protocol.data_received(handshake())
+    await asyncio.sleep(0.01)  # the app accepts and waits
+    assert woken == [False]
+    protocol.connection_lost(None)  # the client vanished; nothing read its disconnect
+    await asyncio.sleep(0.01)
+    assert woken == [False, True]
