@@ -29,10 +29,10 @@ from fastapi.staticfiles import StaticFiles
 from rnnserve.service import endpoints, examples
 from rnnserve.service.codec import bodies
 from rnnserve.service.config import Settings, package_version
-from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH
-from rnnserve.service.http import defaults, errors
+from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, STREAM
+from rnnserve.service.http import defaults, errors, sessions
 from rnnserve.service.http.routes import listing
-from rnnserve.service.interface import ServedInfo
+from rnnserve.service.interface import ServedInfo, state_shapes
 from rnnserve.service.metrics import CONTENT_TYPE
 
 ASSETS = "/docs/assets"
@@ -149,6 +149,8 @@ def build(app: FastAPI, served: Mapping[str, ServedInfo], settings: Settings) ->
         _ndjson(paths[ROLLOUT.path]["post"], served, settings)
     if INFER.path in paths:
         _infer_paths(paths, served, settings)
+    # FastAPI leaves WebSocket routes out of the document
+    paths[STREAM.path] = {"get": _stream_operation(served, settings)}
     if settings.bearer_token() is None:
         _without_security(schema)
     if "/metrics" in paths:
@@ -488,6 +490,104 @@ def _model_path(
         "answer to the request example"
     )
     return op
+
+
+def _stream_operation(served: Mapping[str, ServedInfo], settings: Settings) -> dict[str, Any]:
+    """``GET /models/{name}/stream``: the WebSocket handshake of a streaming session, its
+    frames and its close codes (docs/SESSIONS.md)."""
+    carrying = sorted(name for name, m in served.items() if state_shapes(m))
+    name_schema: dict[str, Any] = {"type": "string"}
+    if carrying:
+        name_schema["enum"] = carrying
+    return {
+        "tags": ["inference"],
+        "summary": STREAM.summary,
+        "description": _stream_description(settings),
+        "operationId": "stream_session",
+        "parameters": [
+            {
+                "name": "name",
+                "in": "path",
+                "required": True,
+                "schema": name_schema,
+                "description": "A served model that carries state (a smoother, a Traveller, a "
+                "recurrent model).",
+            },
+            _handshake_header("Upgrade", "websocket"),
+            _handshake_header("Connection", "Upgrade"),
+            _handshake_header("Sec-WebSocket-Version", "13"),
+            {
+                "name": "Sec-WebSocket-Key",
+                "in": "header",
+                "required": True,
+                "schema": {"type": "string"},
+                "description": "The client's random key, base64 (RFC 6455).",
+            },
+        ],
+        "responses": {
+            "101": {
+                "description": "Switching Protocols: the session is open. A session refused "
+                "after the handshake (token, readiness, model, max_sessions) is closed at once "
+                "with its close code.",
+                "headers": {
+                    "Upgrade": {"schema": {"type": "string", "enum": ["websocket"]}},
+                    "Sec-WebSocket-Accept": {"schema": {"type": "string"}},
+                },
+            }
+        },
+        "security": [{"HTTPBearer": []}],
+    }
+
+
+def _handshake_header(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": True, "schema": {"enum": [value]}}
+
+
+def _stream_description(settings: Settings) -> str:
+    closes = [
+        (sessions.NORMAL, "the client closed the session"),
+        (sessions.POLICY_VIOLATION, "`unauthorized`: no bearer token or a wrong one, when the "
+         "server has one (`Authorization: Bearer <token>` at the handshake)"),
+        (sessions.MESSAGE_TOO_BIG, f"`body_too_large`: a frame over {settings.max_chunk_bytes} "
+         "bytes (max_chunk_bytes)"),
+        (sessions.TRY_AGAIN_LATER, f"`too_many_sessions` ({settings.max_sessions} open: "
+         "max_sessions) or `not_ready`: try again later"),
+        (sessions.IDLE_TIMEOUT, f"`idle_timeout`: nothing came within "
+         f"{settings.session_idle_timeout_s:g} s (session_idle_timeout_s)"),
+    ]  # fmt: skip
+    lines = [
+        "A WebSocket (RFC 6455) to one served model: the client sends chunks of steps, the "
+        "server answers each with its outputs and carries the recurrent state to the next "
+        "chunk. Chunks share the batchers with HTTP requests.",
+        "",
+        "Frames, answered one by one in order:",
+        "",
+        f'- a text frame `{{"{STREAM.input_field}": [[[...step...], ...], ...]}}`: the next '
+        f"piece of each of the session's N sequences, a body of `POST {INFER.path}`; answered "
+        f'with a text frame `{{"model": ..., "{STREAM.output_field}": [...]}}`',
+        f"- a binary frame: the same in safetensors (float32 `{STREAM.input_field}` "
+        f"[sum T_i, F], int64 `lengths` [N]); answered in safetensors (`{STREAM.output_field}`, "
+        "`lengths`)",
+        "- the first chunk may add `state` (binary: `state.<part>` tensors and metadata "
+        "`state_model`, `state_version`) to continue a stream begun elsewhere",
+        '- a text frame `{"get_state": true}`: answered with `{"state": ...}`, the state '
+        "after the last chunk (`null` before the first)",
+        "",
+        "A chunk with bad input, or one the server has no room for (`overloaded`), is answered "
+        'with a text frame `{"error": {"detail": ..., "type": ..., "loc": [...]}, '
+        '"status": ...}` '
+        "and the session stays open, its state as before that chunk.",
+        "",
+        'Close codes, with a JSON reason `{"type": ..., "detail": ...}`:',
+        "",
+    ]
+    lines += [f"- {code}: {text}" for code, text in closes]
+    lines.append(
+        "- 4000 + the HTTP status of the error type: 4404 `unknown_model`, 4409 "
+        "`state_mismatch` (a reload replaced the model under the session), 4422 "
+        "`cannot_carry_state`"
+    )
+    return "\n".join(lines)
 
 
 def _binary_answer(op: dict[str, Any], out_field: str) -> None:
