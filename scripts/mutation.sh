@@ -54,10 +54,11 @@ tests_for() {
     service/codec/bodies.py) echo tests/unit/codec/test_json_reader.py tests/unit/codec/test_safetensors_reader.py \
                           tests/unit/http/test_finite_check.py tests/integration/test_binary.py ;;
     # the steps of one request: the helpers' tests (written against the survivors of the steps'
-    # earlier home, routes.py), the body reader, the API and binary tests and the fast path;
-    # test_reliability.py, test_streaming.py and test_own_models.py reach the same steps at
-    # several times the cost a mutant
+    # earlier home, routes.py), the body reader, the carried state's step (without an app),
+    # the API and binary tests and the fast path; test_reliability.py, test_streaming.py and
+    # test_own_models.py reach the same steps at several times the cost a mutant
     service/http/inference.py) echo tests/integration/test_route_helpers.py tests/unit/http/test_read_body.py \
+                            tests/unit/http/test_inference_steps.py \
                             tests/integration/test_api.py tests/integration/test_binary.py \
                             tests/integration/test_fast_path.py ;;
     # the NDJSON stream: test_ndjson.py drives it directly, test_read_body.py waits for the

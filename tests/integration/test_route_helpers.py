@@ -686,3 +686,18 @@ async def test_a_streamed_rollouts_span_ends_once_with_the_streams_status() -> N
     assert span.attributes is not None
     assert span.attributes["http.response.status_code"] == 200
     assert "error.type" not in span.attributes
+
+
+async def test_a_refused_request_is_traced_with_its_answers_error_type() -> None:
+    exporter = InMemorySpanExporter()
+    async with traced_app(exporter) as app:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rnnserve") as client:
+            r = await client.post("/smooth", json={"sequences": [[[0.5] * 3]]})
+    assert r.status_code == 422
+    assert r.json()["type"] == "wrong_feature_count"
+    span = server_span(exporter, "POST /smooth")
+    assert span.attributes is not None
+    assert span.attributes["http.response.status_code"] == 422
+    assert span.attributes["error.type"] == "wrong_feature_count"
+    assert span.status.status_code is StatusCode.UNSET  # the client's error, not the server's
