@@ -251,6 +251,7 @@ async def test_a_server_not_ready_refuses_with_503(app_client: AppClient) -> Non
     assert r.status_code == 503
     assert r.headers["retry-after"] == "1"
     refused(r.json(), "not_ready", [], "starting or shutting down")
+    assert r.json()["detail"] == "the server is starting or shutting down"  # nothing around it
     assert (
         value(text, "rnnserve_requests_rejected_total", endpoint="smooth", reason="not_ready") == 1
     )
