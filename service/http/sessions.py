@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import orjson
-from fastapi import Request, WebSocket
+from fastapi import Request, WebSocket, WebSocketDisconnect
 from fastapi.security import HTTPAuthorizationCredentials
 
 from rnnserve.service.codec import bodies
@@ -447,14 +447,20 @@ class _Session:
     async def _send(self, text: bytes) -> None:
         try:
             await self.websocket.send_text(text.decode())
-        except (RuntimeError, OSError):
+        except _SEND_FAILED:
             raise _Gone from None
 
     async def _send_bytes(self, data: bytes) -> None:
         try:
             await self.websocket.send_bytes(data)
-        except (RuntimeError, OSError):
+        except _SEND_FAILED:
             raise _Gone from None
+
+
+# what a send to a closed or lost connection raises: Starlette's WebSocketDisconnect for the
+# server's ClientDisconnected (an OSError), e.g. once ws_protocol resets a client that does not
+# read; RuntimeError after a close
+_SEND_FAILED = (RuntimeError, OSError, WebSocketDisconnect)
 
 
 async def _set_when(lost: asyncio.Event, gone: asyncio.Event) -> None:

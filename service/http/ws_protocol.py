@@ -20,6 +20,19 @@ And it tells the session at once when the connection is lost (the scope's extens
 ``CONNECTION_LOST``, an :class:`asyncio.Event`): a session that has a frame waiting behind its
 running chunk reads no further, so it would see the disconnect only after that chunk.
 
+And it bounds what a client that does not read its answers holds, as rnnserve's HTTP protocol
+does (:mod:`rnnserve.service.http.protocol`): uvicorn writes each answer to the transport and
+waits, with no timeout, for the transport's buffer to drain before the next, so a session whose
+client never reads would hold its slot and that answer for ever. While the buffer is over its
+high-water mark (``pause_writing``) its bytes are held in the byte budget, and every
+``write_timeout_s`` the client must have taken some of them (from the transport's buffer or the
+kernel's send queue): what it read is given back and the wait starts again. A connection whose
+client read nothing for ``write_timeout_s`` is reset (``SO_LINGER`` 0: the kernel drops its
+copy too; a close frame could not reach a client that does not read), counted in
+``rnnserve_write_timeouts_total``; the session hears of it at once (``CONNECTION_LOST``), so its
+slot, its frames' bytes and its running chunk are freed then. The timer runs on while the
+connection is closing: a close with unsent bytes would otherwise wait on the client for ever.
+
 It subclasses the protocol uvicorn's ``ws="auto"`` picks when ``websockets`` is installed (it
 is a dependency of rnnserve): the Sans-I/O one.
 """
@@ -27,6 +40,12 @@ is a dependency of rnnserve): the Sans-I/O one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import logging
+import socket
+import struct
+import termios
 from typing import Any
 
 from uvicorn.config import Config
@@ -37,12 +56,35 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
+from rnnserve.service.http.auth import byte_budget
+from rnnserve.service.http.protocol import app_state
 from rnnserve.service.http.sessions import (
     CONNECTION_LOST,
     TOO_LARGE,
     close_reason,
     too_large_detail,
 )
+
+log = logging.getLogger(__name__)
+
+
+def unsent_bytes(transport: asyncio.Transport) -> int:
+    """Bytes written to ``transport`` and not yet taken by the client: its buffer and the
+    kernel's send queue (which moves first, so a client reading slowly shows progress there)."""
+    unsent = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+        unsent += struct.unpack("i", queued)[0]
+    return unsent
+
+
+def reset_on_close(transport: asyncio.Transport) -> None:
+    """Make closing the socket discard what the kernel still holds for the client and tell it
+    with a reset, not keep those bytes for as long as the kernel retries the client."""
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(AttributeError, OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 class _FrameLimitServerProtocol(ServerProtocol):
@@ -58,7 +100,9 @@ class _FrameLimitServerProtocol(ServerProtocol):
 
 class SessionWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's Sans-I/O WebSocket protocol whose over-``ws_max_size`` close carries the
-    session's JSON reason."""
+    session's JSON reason, which tells the session of a lost connection at once, and which
+    counts answers the client does not read in the budget and resets it after
+    ``write_timeout_s`` (module docstring)."""
 
     def __init__(
         self,
@@ -87,8 +131,86 @@ class SessionWebSocketProtocol(WebSocketsSansIOProtocol):
             scope["extensions"][CONNECTION_LOST] = self._lost
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._writes_flowing()
         super().connection_lost(exc)
         self._lost.set()
+
+    # -- answers a client does not read (module docstring) --
+
+    _write_timer: asyncio.TimerHandle | None = None
+    _unsent_held = 0  # bytes of unsent answers counted in the byte budget
+    _state: Any = None  # the app's state: its settings, metrics and budget
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._state = app_state(self.app)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._hold_unsent()
+        if self._write_timer is None:
+            self._arm_write_timer()
+
+    def resume_writing(self) -> None:
+        self._writes_flowing()
+        super().resume_writing()
+
+    def _hold_unsent(self) -> None:
+        """Hold exactly the transport's unsent bytes in the budget (fewer once some are read)."""
+        budget = self._budget()
+        if budget is None:
+            return
+        unsent = self.transport.get_write_buffer_size()
+        budget.hold(unsent - self._unsent_held)
+        self._unsent_held = unsent
+
+    def _arm_write_timer(self) -> None:
+        timeout = self._write_timeout_s()
+        if timeout is not None:
+            unsent = unsent_bytes(self.transport)
+            self._write_timer = self.loop.call_later(timeout, self._write_timed_out, unsent)
+
+    def _writes_flowing(self) -> None:
+        """The client has read the answers, or has gone: give back what their bytes held."""
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        if self._unsent_held:
+            budget = self._budget()
+            if budget is not None:
+                budget.give(self._unsent_held)
+            self._unsent_held = 0
+
+    def _write_timed_out(self, unsent_then: int) -> None:
+        self._write_timer = None
+        if self.disconnected:
+            return
+        if unsent_bytes(self.transport) < unsent_then:  # it read some: wait on
+            self._hold_unsent()
+            self._arm_write_timer()
+            return
+        metrics = getattr(self._state, "metrics", None)
+        if metrics is not None:
+            metrics.write_timeouts.inc()
+        log.debug(
+            "reset a session's connection from %s: its client read nothing for %s s",
+            self.transport.get_extra_info("peername"),
+            self._write_timeout_s(),
+        )
+        reset_on_close(self.transport)
+        self.transport.abort()  # drops the unsent bytes; connection_lost gives them back
+
+    def _write_timeout_s(self) -> float | None:
+        timeout: float | None = getattr(
+            getattr(self._state, "settings", None), "write_timeout_s", None
+        )
+        return timeout
+
+    def _budget(self) -> Any:
+        settings = getattr(self._state, "settings", None)
+        if getattr(settings, "max_inflight_bytes", None) is None:
+            return None  # an app without a budget
+        return byte_budget(self._state)
 
     def handle_parser_exception(self) -> None:
         if not isinstance(self.conn.parser_exc, PayloadTooBig):

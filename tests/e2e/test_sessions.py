@@ -5,10 +5,14 @@ opened and dropped leave the server's descriptors and memory as they were."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import json
+import os
+import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -452,3 +456,112 @@ def test_the_clients_session_raises_what_the_close_code_says(limited: Server) ->
             with rnn.session("traveller") as third, pytest.raises(Overloaded) as full:
                 third.send(x)
         assert full.value.type == "too_many_sessions"
+
+
+# -- a client that never reads its answers ----------------------------------------------------
+
+WRITE_TIMEOUT_S = 1
+
+
+@pytest.fixture(scope="module")
+def write_limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_server(
+        tmp_path_factory.mktemp("write-limited"), "--write-timeout-s", str(WRITE_TIMEOUT_S)
+    )
+    yield server
+    stop(server)
+
+
+def unread_session(server: Server, model: str) -> socket.socket:
+    """A session opened by hand on a socket whose receive buffer is small, never to be read
+    past the handshake's answer."""
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: it sticks
+    sock.settimeout(30)
+    sock.connect((host, int(port)))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET /models/{model}/stream HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        .encode()
+    )  # fmt: skip
+    answer = b""
+    while not answer.endswith(b"\r\n\r\n"):  # byte by byte: not one byte of a frame is read
+        got = sock.recv(1)
+        assert got, f"closed during the handshake: {answer!r}"
+        answer += got
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    return sock
+
+
+def masked_binary_frame(payload: bytes) -> bytes:
+    return bytes([0x82, 0x80 | 127]) + struct.pack("!Q", len(payload)) + b"\0\0\0\0" + payload
+
+
+def send_until_reset(sock: socket.socket, frame: bytes, count: int) -> threading.Thread:
+    """Send ``frame`` ``count`` times from a thread (the server soon reads no more: the sends
+    block), until done or the connection is reset."""
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            for _ in range(count):
+                sock.sendall(frame)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    return sender
+
+
+def wait_until(check: Any, what: str, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_session_whose_client_reads_nothing_is_reset_and_frees_what_it_held(
+    write_limited: Server,
+) -> None:
+    from safetensors.numpy import save
+
+    server = write_limited
+    width = input_dim(server, "smoother")
+    rows = np.random.default_rng(8).uniform(-1, 1, (64 * 1000, width)).astype(np.float32)
+    # answers of 4 MiB each: a few of them are more than the kernel's buffers take
+    chunk_body = save({"inputs": rows, "lengths": np.full(64, 1000, np.int64)})
+    sock = unread_session(server, "smoother")
+    sender = send_until_reset(sock, masked_binary_frame(chunk_body), 12)
+    wait_until(
+        lambda: metric(server, "rnnserve_request_bytes_in_flight") > len(chunk_body),
+        "the stalled session's frames and unsent answer were not counted",
+    )
+    assert metric(server, "rnnserve_sessions_open", model="smoother") == 1
+    # meanwhile a normal session is answered
+    x = rows[:50]
+    with connect(ws_url(server, "smoother")) as ws:
+        np.testing.assert_allclose(
+            chunk(ws, [x])[0], whole_answer(server, "smoother", [x])[0], atol=TOLERANCE, rtol=0
+        )
+    wait_until(
+        lambda: metric(server, "rnnserve_write_timeouts_total") == 1,
+        "the session whose client reads nothing was never reset",
+    )
+    wait_until(
+        lambda: metric(server, "rnnserve_sessions_open", model="smoother") == 0,
+        "the reset session kept its slot",
+    )
+    wait_until(
+        lambda: metric(server, "rnnserve_request_bytes_in_flight") == 0,
+        "the reset session's bytes were not given back",
+    )
+    sender.join(timeout=30)
+    assert not sender.is_alive()  # the reset ended the client's blocked sends
+    got = 0
+    with contextlib.suppress(ConnectionResetError):  # unless the sender saw the reset first
+        while piece := sock.recv(1 << 20):
+            got += len(piece)
+    assert got < len(chunk_body)  # the first answer was cut off: what the kernel held dropped
+    sock.close()
+    with connect(ws_url(server, "smoother")) as ws:  # and the server serves sessions on
+        assert len(chunk(ws, [x])[0]) == len(x)

@@ -1,5 +1,7 @@
 """The WebSocket layer's frame limit: a message over ``max_chunk_bytes`` is refused from its
-header with the session's close code and JSON reason, and the client is left to read the close."""
+header with the session's close code and JSON reason, and the client is left to read the close.
+And its answers a client does not read: held in the budget, then the connection reset after
+``write_timeout_s`` without progress."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import base64
 import json
 import os
 import struct
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,8 +21,10 @@ from websockets.protocol import State
 
 from rnnserve.service.cli import uvicorn_options
 from rnnserve.service.config import Settings
+from rnnserve.service.http.auth import byte_budget
 from rnnserve.service.http.sessions import CONNECTION_LOST, too_large_detail
 from rnnserve.service.http.ws_protocol import SessionWebSocketProtocol, _FrameLimitServerProtocol
+from rnnserve.service.metrics import Metrics
 
 MIB = 1024 * 1024
 
@@ -162,3 +167,102 @@ async def test_the_session_is_told_at_once_when_the_connection_is_lost() -> None
     protocol.connection_lost(None)  # the client vanished; nothing read its disconnect
     await asyncio.sleep(0.01)
     assert woken == [False, True]
+
+
+# -- answers a client does not read --
+
+WRITE_TIMEOUT = 0.05
+
+
+class StalledTransport(FakeTransport):
+    """A transport whose unsent bytes the test sets (what a client that reads nothing leaves)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffered = 0
+        self.aborted = False
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def abort(self) -> None:
+        self.aborted = self.closed = True
+
+
+class SessionApp:
+    """An app with the settings, metrics and budget the protocol finds through ``state``."""
+
+    def __init__(self) -> None:
+        settings = SimpleNamespace(write_timeout_s=WRITE_TIMEOUT, max_inflight_bytes=1 << 30)
+        self.state = SimpleNamespace(settings=settings, metrics=Metrics())
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        await scope["extensions"][CONNECTION_LOST].wait()
+
+    def held(self) -> int:
+        return byte_budget(self.state).used
+
+    def timeouts(self) -> float:
+        return self.state.metrics.registry.get_sample_value("rnnserve_write_timeouts_total") or 0
+
+
+async def open_session() -> tuple[SessionApp, SessionWebSocketProtocol, StalledTransport]:
+    app = SessionApp()
+    config = Config(app, ws=SessionWebSocketProtocol, lifespan="off")
+    config.load()
+    protocol = SessionWebSocketProtocol(config, ServerState(), {})
+    transport = StalledTransport()
+    protocol.connection_made(transport)
+    protocol.data_received(handshake())
+    await asyncio.sleep(0.01)  # the app accepts and waits
+    return app, protocol, transport
+
+
+async def lose(protocol: SessionWebSocketProtocol) -> None:
+    """The connection ends (as after an abort); the app sees it and returns."""
+    protocol.connection_lost(None)
+    await asyncio.sleep(0.01)
+
+
+async def test_unsent_answers_are_held_in_the_budget_then_an_unread_session_is_reset() -> None:
+    app, protocol, transport = await open_session()
+    transport.buffered = 300_000
+    protocol.pause_writing()
+    assert app.held() == 300_000
+    transport.buffered = 200_000  # the client read some: it may wait on, holding the rest
+    await asyncio.sleep(WRITE_TIMEOUT * 1.5)  # the timer fired once (timers run in time order)
+    assert not transport.aborted
+    assert app.held() == 200_000
+    await asyncio.sleep(WRITE_TIMEOUT * 3)  # and then the client read nothing more
+    assert transport.aborted
+    assert app.timeouts() == 1
+    await lose(protocol)
+    assert app.held() == 0
+
+
+async def test_a_session_closing_with_unread_answers_is_still_reset() -> None:
+    app, protocol, transport = await open_session()
+    transport.buffered = 100_000
+    protocol.pause_writing()
+    transport.close()  # a close waits for the buffer to drain: for ever, were it not reset
+    await asyncio.sleep(WRITE_TIMEOUT * 3)
+    assert transport.aborted
+    assert app.timeouts() == 1
+    await lose(protocol)
+    assert app.held() == 0
+
+
+async def test_answers_the_client_reads_are_given_back_and_never_reset() -> None:
+    app, protocol, transport = await open_session()
+    transport.buffered = 100_000
+    protocol.pause_writing()
+    assert app.held() == 100_000
+    transport.buffered = 0
+    protocol.resume_writing()
+    assert app.held() == 0
+    await asyncio.sleep(WRITE_TIMEOUT * 3)
+    assert not transport.aborted
+    assert app.timeouts() == 0
+    await lose(protocol)
