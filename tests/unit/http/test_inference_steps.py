@@ -1,16 +1,25 @@
-"""The inference steps that need no app: a request's carried state, checked against the model
-that is to continue it and attached to its sequences (``inference.carry_state``)."""
+"""The inference steps that need no app: which reader a body takes and what it reads
+(``inference._decode``, ``json_reader``), and a request's carried state, checked against the
+model that is to continue it and attached to its sequences (``inference.carry_state``)."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
+from prometheus_client import CollectorRegistry, Gauge
+from starlette.requests import Request
 
+from rnnserve.service import endpoints
+from rnnserve.service.codec import bodies
 from rnnserve.service.codec.bodies import StateAsked
-from rnnserve.service.http import inference
+from rnnserve.service.codec.threads import CodecPool
+from rnnserve.service.config import Settings
+from rnnserve.service.http import auth, inference
 from rnnserve.service.interface import FlatSequences, RequestError
 
 # two sequences of 3 features: the state (when one is carried) has one row each
@@ -80,3 +89,91 @@ def test_a_model_that_carries_no_state_refuses_one_where_it_was_asked(
         inference.carry_state(_sequences(), asked, "m", served)
     assert (err.value.type, err.value.loc) == ("cannot_carry_state", loc)
     assert err.value.message == "model 'm' (smoother) carries no state between requests"
+
+
+def _read(body: bytes, ctype: str, reader: str) -> tuple[Any, FlatSequences]:
+    """``body`` through the decode step and the sequences step of a smoothing request for a
+    model ``m`` of 2 features, with ``json_reader=reader``: what was parsed, and the rows."""
+    gauge = Gauge("held", "bytes", registry=CollectorRegistry())
+    state = SimpleNamespace(
+        metrics=None,
+        settings=Settings(json_reader=reader),
+        codec=CodecPool(1, 1 << 20),  # a thread, idle: these bodies are read in place
+        byte_budget=auth.ByteBudget(1 << 30, gauge),
+    )
+    scope = {
+        "type": "http", "method": "POST", "path": "/smooth", "app": SimpleNamespace(state=state),
+        "headers": [(b"content-type", ctype.encode())],
+    }  # fmt: skip
+    call = inference.Call(Request(scope), endpoints.SMOOTH, None, gauge)
+
+    async def steps() -> tuple[Any, FlatSequences]:
+        parsed = await inference._decode(call, body)
+        served = SimpleNamespace(input_dim=2)
+        return parsed, await inference._arrays(call, body, parsed, "m", served)
+
+    try:
+        return asyncio.run(steps())
+    finally:
+        state.codec.close()
+
+
+SEQUENCES = [[[0.5, -1.25], [2.0, 0.0]], [[3.5, 1e-3]]]
+JSON_BODY = orjson.dumps({"sequences": SEQUENCES, "model": "m"})
+BINARY_BODY = bodies.encode_safetensors(
+    {
+        "sequences": np.asarray([r for s in SEQUENCES for r in s], np.float32),
+        "lengths": np.array([2, 1], np.int64),
+    },
+    {"model": "m", "return_state": "true"},
+)
+
+
+@pytest.fixture
+def compiled_reads(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """The content types of the bodies the compiled reader (``bodies.decode``) was given."""
+    calls: list[str | None] = []
+    real = bodies.decode
+
+    def spy(body: bytes, ctype: str | None, *args: Any) -> Any:
+        calls.append(ctype)
+        return real(body, ctype, *args)
+
+    monkeypatch.setattr(bodies, "decode", spy)
+    return calls
+
+
+def _as_read(rows: FlatSequences) -> list[Any]:
+    return [a.tolist() for a in rows]
+
+
+@pytest.mark.parametrize(("reader", "compiled"), [("fast", ["application/json"]), ("precise", [])])
+def test_a_json_body_reads_alike_with_either_reader_and_only_fast_compiles(
+    reader: str, compiled: list[str], compiled_reads: list[str | None]
+) -> None:
+    parsed, rows = _read(JSON_BODY, "application/json", reader)
+    assert compiled_reads == compiled
+    assert parsed.model == "m"
+    assert parsed.state == StateAsked()
+    assert _as_read(rows) == [np.asarray(s, np.float32).tolist() for s in SEQUENCES]
+
+
+@pytest.mark.parametrize("reader", ["fast", "precise"])
+def test_a_safetensors_body_takes_the_compiled_reader_whatever_the_setting(
+    reader: str, compiled_reads: list[str | None]
+) -> None:
+    parsed, rows = _read(BINARY_BODY, bodies.SAFETENSORS, reader)
+    assert compiled_reads == [bodies.SAFETENSORS]
+    assert parsed.model == "m"
+    assert parsed.state == StateAsked(return_state=True)
+    assert _as_read(rows) == [np.asarray(s, np.float32).tolist() for s in SEQUENCES]
+
+
+@pytest.mark.parametrize("reader", ["fast", "precise"])
+def test_a_carried_state_and_return_state_are_read_from_a_json_body(reader: str) -> None:
+    sent = {"model": "m", "version": "v7", "sequences": [{"s": [1.0, 2.0]}, {"s": [3.0, 4.0]}]}
+    body = orjson.dumps({"sequences": SEQUENCES, "state": sent, "return_state": True})
+    parsed, rows = _read(body, "application/json", reader)
+    assert parsed.model is None
+    assert parsed.state == StateAsked(True, "m", "v7", {"s": [[1.0, 2.0], [3.0, 4.0]]})
+    assert _as_read(rows) == [np.asarray(s, np.float32).tolist() for s in SEQUENCES]
