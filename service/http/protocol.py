@@ -210,9 +210,10 @@ class _HeaderTimeout:
             self._unsent_held = 0
 
     def _write_timed_out(self, unsent_then: int) -> None:
+        # not skipped when the transport is closing: after an answer with `connection: close`
+        # uvicorn closes it, and a close waits for the unsent bytes as long as the client
+        # stays; connection_lost cancels this timer once the connection has really gone
         self._write_timer = None
-        if self.transport.is_closing():
-            return
         if self._unsent() < unsent_then:  # it read some: wait on
             self._hold_unsent()
             self._arm_write_timer()
