@@ -123,6 +123,25 @@ async def _concurrency_limit(limit: int | None, scope: Any, receive: Any, send: 
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+def unsent_bytes(transport: asyncio.Transport) -> int:
+    """Bytes written to ``transport`` and not yet taken by the client: its buffer and the
+    kernel's send queue (which moves first, so a client reading slowly shows progress there)."""
+    unsent = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+        unsent += struct.unpack("i", queued)[0]
+    return unsent
+
+
+def reset_on_close(transport: asyncio.Transport) -> None:
+    """Make closing the socket discard what the kernel still holds for the client and tell it
+    with a reset, not keep those bytes for as long as the kernel retries the client."""
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(AttributeError, OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
 class _HeaderTimeout:
     """The mixin: both uvicorn protocols have ``cycle`` (the request whose head was read last),
     ``transport``, ``loop`` and ``app``, and create a new ``cycle`` when a head is complete."""
@@ -230,23 +249,10 @@ class _HeaderTimeout:
         self.transport.abort()  # drops the unsent bytes; connection_lost gives them back
 
     def _unsent(self) -> int:
-        """Bytes written and not yet taken by the client: the transport's buffer and the
-        kernel's send queue. The queue moves first (the kernel refills the transport's room
-        in large steps), so a client reading slowly shows progress there."""
-        unsent = self.transport.get_write_buffer_size()
-        sock = self.transport.get_extra_info("socket")
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
-            unsent += struct.unpack("i", queued)[0]
-        return unsent
+        return unsent_bytes(self.transport)
 
     def _reset_on_close(self) -> None:
-        """Make closing the socket discard what the kernel still holds for the client, and tell
-        it with a reset: a plain close would keep those bytes (and the connection) for as long
-        as the kernel retries a client that does not read."""
-        sock = self.transport.get_extra_info("socket")
-        with contextlib.suppress(AttributeError, OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        reset_on_close(self.transport)
 
     def _budget(self) -> Any:
         settings = getattr(self._state, "settings", None)

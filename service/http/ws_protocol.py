@@ -40,12 +40,7 @@ is a dependency of rnnserve): the Sans-I/O one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import logging
-import socket
-import struct
-import termios
 from typing import Any
 
 from uvicorn.config import Config
@@ -57,7 +52,7 @@ from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
 from rnnserve.service.http.auth import byte_budget
-from rnnserve.service.http.protocol import app_state
+from rnnserve.service.http.protocol import app_state, reset_on_close, unsent_bytes
 from rnnserve.service.http.sessions import (
     CONNECTION_LOST,
     TOO_LARGE,
@@ -66,25 +61,6 @@ from rnnserve.service.http.sessions import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def unsent_bytes(transport: asyncio.Transport) -> int:
-    """Bytes written to ``transport`` and not yet taken by the client: its buffer and the
-    kernel's send queue (which moves first, so a client reading slowly shows progress there)."""
-    unsent = transport.get_write_buffer_size()
-    sock = transport.get_extra_info("socket")
-    with contextlib.suppress(AttributeError, OSError, ValueError):
-        queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
-        unsent += struct.unpack("i", queued)[0]
-    return unsent
-
-
-def reset_on_close(transport: asyncio.Transport) -> None:
-    """Make closing the socket discard what the kernel still holds for the client and tell it
-    with a reset, not keep those bytes for as long as the kernel retries the client."""
-    sock = transport.get_extra_info("socket")
-    with contextlib.suppress(AttributeError, OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 class _FrameLimitServerProtocol(ServerProtocol):
