@@ -1,10 +1,13 @@
 """The inference steps that need no app: which reader a body takes and what it reads
-(``inference._decode``, ``json_reader``), and a request's carried state, checked against the
-model that is to continue it and attached to its sequences (``inference.carry_state``)."""
+(``inference._decode``, ``json_reader``); which bodies have their safetensors header checked
+on their first bytes (``inference.read_request_body``); a request's carried state, checked
+against the model that is to continue it and attached to its sequences
+(``inference.carry_state``)."""
 
 from __future__ import annotations
 
 import asyncio
+import struct
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +22,7 @@ from rnnserve.service.codec import bodies
 from rnnserve.service.codec.bodies import StateAsked
 from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings
+from rnnserve.service.endpoints import Endpoint
 from rnnserve.service.http import auth, inference
 from rnnserve.service.interface import FlatSequences, RequestError
 
@@ -177,3 +181,47 @@ def test_a_carried_state_and_return_state_are_read_from_a_json_body(reader: str)
     assert parsed.model is None
     assert parsed.state == StateAsked(True, "m", "v7", {"s": [[1.0, 2.0], [3.0, 4.0]]})
     assert _as_read(rows) == [np.asarray(s, np.float32).tolist() for s in SEQUENCES]
+
+
+PAST_ITS_END = struct.pack("<Q", 1 << 20) + b"{}"  # a safetensors header length past the body
+
+
+def _read_request_body(endpoint: Endpoint, ctype: str) -> bytes:
+    """``PAST_ITS_END`` read by the body step of a request to ``endpoint`` with ``ctype``."""
+    gauge = Gauge("held", "bytes", registry=CollectorRegistry())
+    state = SimpleNamespace(
+        metrics=None, settings=Settings(), byte_budget=auth.ByteBudget(1 << 30, gauge)
+    )
+    headers = [(b"content-type", ctype.encode()), (b"content-length", b"%d" % len(PAST_ITS_END))]
+    scope = {
+        "type": "http", "method": "POST", "path": endpoint.path, "headers": headers,
+        "app": SimpleNamespace(state=state),
+    }  # fmt: skip
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": PAST_ITS_END, "more_body": False}
+
+    call = inference.Call(Request(scope, receive), endpoint, None, gauge)
+    body: bytes = asyncio.run(inference.read_request_body(call))
+    return body
+
+
+@pytest.mark.parametrize("endpoint", endpoints.INFERENCE)
+def test_a_native_safetensors_body_is_refused_on_its_first_8_bytes(endpoint: Endpoint) -> None:
+    with pytest.raises(RequestError) as err:
+        _read_request_body(endpoint, bodies.SAFETENSORS)
+    assert err.value.type == "invalid_safetensors"
+    assert "past the end of the body" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "ctype"),
+    [
+        (endpoints.SMOOTH, "application/json"),  # not safetensors: read whole, as sent
+        (endpoints.KSERVE_INFER, bodies.SAFETENSORS),  # the Open Inference Protocol's own format
+    ],
+)
+def test_other_bodies_are_read_whole_without_a_safetensors_check(
+    endpoint: Endpoint, ctype: str
+) -> None:
+    assert _read_request_body(endpoint, ctype) == PAST_ITS_END
