@@ -702,3 +702,35 @@ async def test_a_refused_request_is_traced_with_its_answers_error_type() -> None
     assert span.attributes["http.response.status_code"] == 422
     assert span.attributes["error.type"] == "wrong_feature_count"
     assert span.status.status_code is StatusCode.UNSET  # the client's error, not the server's
+
+
+async def test_a_streamed_answer_cannot_carry_the_final_state(app_client: AppClient) -> None:
+    async with app_client() as (_, client):
+        r = await client.post(
+            "/rollout",
+            json={"inputs": [[[0.1] * 6]], "return_state": True},
+            headers={"accept": NDJSON},
+        )
+    assert r.status_code == 422
+    assert r.json() == {
+        "type": "invalid_request",
+        "loc": ["return_state"],
+        "detail": "a streamed answer (Accept: application/x-ndjson) cannot carry the final "
+        "state; ask for JSON or safetensors to have it returned",
+    }
+
+
+async def test_a_served_requests_span_has_a_child_span_for_each_step() -> None:
+    exporter = InMemorySpanExporter()
+    async with traced_app(exporter) as app:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rnnserve") as client:
+            r = await client.post("/smooth", json={"sequences": [[[0.5] * 16]]})
+    assert r.status_code == 200
+    server = server_span(exporter, "POST /smooth")
+    steps = [
+        s.name
+        for s in exporter.get_finished_spans()
+        if s.parent is not None and s.parent.span_id == server.context.span_id
+    ]
+    assert sorted(steps) == ["decode", "encode", "queue wait", "read body"]
