@@ -272,7 +272,7 @@ def header(run: Run) -> list[str]:
         f"Started {run.started:%Y-%m-%d %H:%M UTC} on {platform.node()}; {mode}; budget "
         f"{run.budget_s:.0f} s. Written before the first step: the predictions and rules below.",
         "",
-        "## Predictions and targets (issue 22)",
+        "## Predictions and targets",
         "",
         "| quantity | predicted | target |",
         "|---|---|---|",

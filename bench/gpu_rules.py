@@ -1,9 +1,10 @@
 """What ``bench.gpu_decide`` predicts and how it decides, fixed before the run.
 
-The predictions are issue 22's floors and targets (and the kernels' own design notes); the rules
-say which smoother design and tile, and which rollout launch option, become the defaults given
-which figures. Both are printed at the top of the run's report before any step runs, and copied
-into docs/BENCHMARKS.md; :func:`decide` and :func:`targets` apply them to the run's results.
+The predictions are the hardware floors (copy bandwidth, launch cost) and the targets set for
+the GPU path, with the kernels' own design notes; the rules say which smoother design and tile,
+and which rollout launch option, become the defaults given which figures. Both are printed at
+the top of the run's report before any step runs, and copied into docs/BENCHMARKS.md;
+:func:`decide` and :func:`targets` apply them to the run's results.
 """
 
 from __future__ import annotations

@@ -142,7 +142,94 @@ def reset_on_close(transport: asyncio.Transport) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
-class _HeaderTimeout:
+class UnreadAnswers:
+    """The mixin of both HTTP protocols and the sessions' WebSocket protocol: answers a client
+    does not read (module docstring). While the transport's writes are paused its unsent bytes
+    are held in the byte budget, and a client that took none of them within ``write_timeout_s``
+    has its connection reset. Needs ``transport``, ``loop`` and ``_state`` (the app's state)."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    _state: Any = None
+    _write_timer: asyncio.TimerHandle | None = None
+    _unsent_held = 0  # bytes of unsent answers counted in the byte budget
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        self._hold_unsent()
+        if self._write_timer is None:
+            self._arm_write_timer()
+
+    def resume_writing(self) -> None:
+        self._writes_flowing()
+        super().resume_writing()  # type: ignore[misc]
+
+    def _hold_unsent(self) -> None:
+        """Hold exactly the unsent bytes in the budget (fewer once the client has read some)."""
+        budget = self._budget()
+        if budget is None:
+            return
+        unsent = self.transport.get_write_buffer_size()
+        budget.hold(unsent - self._unsent_held)
+        self._unsent_held = unsent
+
+    def _write_timeout_s(self) -> float | None:
+        timeout: float | None = getattr(
+            getattr(self._state, "settings", None), "write_timeout_s", None
+        )
+        return timeout
+
+    def _arm_write_timer(self) -> None:
+        timeout = self._write_timeout_s()
+        if timeout is not None:
+            unsent = unsent_bytes(self.transport)
+            self._write_timer = self.loop.call_later(timeout, self._write_timed_out, unsent)
+
+    def _writes_flowing(self) -> None:
+        """The client has read the answers, or has gone: give back what their bytes held."""
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        if self._unsent_held:
+            budget = self._budget()
+            if budget is not None:
+                budget.give(self._unsent_held)
+            self._unsent_held = 0
+
+    def _connection_gone(self) -> bool:
+        """Whether the connection has gone already (a protocol that knows says so)."""
+        return False
+
+    def _write_timed_out(self, unsent_then: int) -> None:
+        # not skipped when the transport is closing: after an answer with `connection: close`
+        # uvicorn closes it, and a close waits for the unsent bytes as long as the client
+        # stays; connection_lost cancels this timer once the connection has really gone
+        self._write_timer = None
+        if self._connection_gone():
+            return
+        if unsent_bytes(self.transport) < unsent_then:  # it read some: wait on
+            self._hold_unsent()
+            self._arm_write_timer()
+            return
+        metrics = getattr(self._state, "metrics", None)
+        if metrics is not None:
+            metrics.write_timeouts.inc()
+        log.debug(
+            "reset a connection from %s: its client read nothing of its answers for %s s",
+            self.transport.get_extra_info("peername"),
+            self._write_timeout_s(),
+        )
+        reset_on_close(self.transport)
+        self.transport.abort()  # drops the unsent bytes; connection_lost gives them back
+
+    def _budget(self) -> Any:
+        settings = getattr(self._state, "settings", None)
+        if getattr(settings, "max_inflight_bytes", None) is None:
+            return None  # an app without a budget
+        return byte_budget(self._state)
+
+
+class _HeaderTimeout(UnreadAnswers):
     """The mixin: both uvicorn protocols have ``cycle`` (the request whose head was read last),
     ``transport``, ``loop`` and ``app``, and create a new ``cycle`` when a head is complete."""
 
@@ -155,7 +242,6 @@ class _HeaderTimeout:
     _header_timeout_s: float | None = None
     _max_request_bytes: int | None = None
     _max_head_bytes: int | None = None
-    _state: Any = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -187,78 +273,6 @@ class _HeaderTimeout:
         self._header_timeout_s = None  # data_received would arm it again after this returns
         self._writes_flowing()
         super().handle_websocket_upgrade(*event)  # type: ignore[misc]
-
-    # -- answers a client does not read (module docstring) --
-
-    _write_timer: asyncio.TimerHandle | None = None
-    _unsent_held = 0  # bytes of unsent answers counted in the byte budget
-
-    def pause_writing(self) -> None:
-        super().pause_writing()  # type: ignore[misc]
-        self._hold_unsent()
-        if self._write_timer is None:
-            self._arm_write_timer()
-
-    def resume_writing(self) -> None:
-        self._writes_flowing()
-        super().resume_writing()  # type: ignore[misc]
-
-    def _hold_unsent(self) -> None:
-        """Hold exactly the unsent bytes in the budget (fewer once the client has read some)."""
-        budget = self._budget()
-        if budget is None:
-            return
-        unsent = self.transport.get_write_buffer_size()
-        budget.hold(unsent - self._unsent_held)
-        self._unsent_held = unsent
-
-    def _arm_write_timer(self) -> None:
-        timeout = getattr(getattr(self._state, "settings", None), "write_timeout_s", None)
-        if timeout is not None:
-            self._write_timer = self.loop.call_later(timeout, self._write_timed_out, self._unsent())
-
-    def _writes_flowing(self) -> None:
-        """The client has read the answer, or has gone: give back what its unsent bytes held."""
-        if self._write_timer is not None:
-            self._write_timer.cancel()
-            self._write_timer = None
-        if self._unsent_held:
-            budget = self._budget()
-            if budget is not None:
-                budget.give(self._unsent_held)
-            self._unsent_held = 0
-
-    def _write_timed_out(self, unsent_then: int) -> None:
-        # not skipped when the transport is closing: after an answer with `connection: close`
-        # uvicorn closes it, and a close waits for the unsent bytes as long as the client
-        # stays; connection_lost cancels this timer once the connection has really gone
-        self._write_timer = None
-        if self._unsent() < unsent_then:  # it read some: wait on
-            self._hold_unsent()
-            self._arm_write_timer()
-            return
-        metrics = getattr(self._state, "metrics", None)
-        if metrics is not None:
-            metrics.write_timeouts.inc()
-        log.debug(
-            "closed a connection from %s: its client read nothing of its answer for %s s",
-            self.transport.get_extra_info("peername"),
-            getattr(self._state.settings, "write_timeout_s", None),
-        )
-        self._reset_on_close()
-        self.transport.abort()  # drops the unsent bytes; connection_lost gives them back
-
-    def _unsent(self) -> int:
-        return unsent_bytes(self.transport)
-
-    def _reset_on_close(self) -> None:
-        reset_on_close(self.transport)
-
-    def _budget(self) -> Any:
-        settings = getattr(self._state, "settings", None)
-        if getattr(settings, "max_inflight_bytes", None) is None:
-            return None  # an app without a budget
-        return byte_budget(self._state)
 
     def _idle(self) -> bool:
         """No request is being read or answered: bytes now belong to the next request head."""

@@ -51,8 +51,7 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
-from rnnserve.service.http.auth import byte_budget
-from rnnserve.service.http.protocol import app_state, reset_on_close, unsent_bytes
+from rnnserve.service.http.protocol import UnreadAnswers, app_state
 from rnnserve.service.http.sessions import (
     CONNECTION_LOST,
     TOO_LARGE,
@@ -74,7 +73,7 @@ class _FrameLimitServerProtocol(ServerProtocol):
         super().fail(code, reason)
 
 
-class SessionWebSocketProtocol(WebSocketsSansIOProtocol):
+class SessionWebSocketProtocol(UnreadAnswers, WebSocketsSansIOProtocol):
     """uvicorn's Sans-I/O WebSocket protocol whose over-``ws_max_size`` close carries the
     session's JSON reason, which tells the session of a lost connection at once, and which
     counts answers the client does not read in the budget and resets it after
@@ -111,82 +110,14 @@ class SessionWebSocketProtocol(WebSocketsSansIOProtocol):
         super().connection_lost(exc)
         self._lost.set()
 
-    # -- answers a client does not read (module docstring) --
-
-    _write_timer: asyncio.TimerHandle | None = None
-    _unsent_held = 0  # bytes of unsent answers counted in the byte budget
-    _state: Any = None  # the app's state: its settings, metrics and budget
+    # -- answers a client does not read: UnreadAnswers (service/http/protocol.py) --
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._state = app_state(self.app)
 
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        self._hold_unsent()
-        if self._write_timer is None:
-            self._arm_write_timer()
-
-    def resume_writing(self) -> None:
-        self._writes_flowing()
-        super().resume_writing()
-
-    def _hold_unsent(self) -> None:
-        """Hold exactly the transport's unsent bytes in the budget (fewer once some are read)."""
-        budget = self._budget()
-        if budget is None:
-            return
-        unsent = self.transport.get_write_buffer_size()
-        budget.hold(unsent - self._unsent_held)
-        self._unsent_held = unsent
-
-    def _arm_write_timer(self) -> None:
-        timeout = self._write_timeout_s()
-        if timeout is not None:
-            unsent = unsent_bytes(self.transport)
-            self._write_timer = self.loop.call_later(timeout, self._write_timed_out, unsent)
-
-    def _writes_flowing(self) -> None:
-        """The client has read the answers, or has gone: give back what their bytes held."""
-        if self._write_timer is not None:
-            self._write_timer.cancel()
-            self._write_timer = None
-        if self._unsent_held:
-            budget = self._budget()
-            if budget is not None:
-                budget.give(self._unsent_held)
-            self._unsent_held = 0
-
-    def _write_timed_out(self, unsent_then: int) -> None:
-        self._write_timer = None
-        if self.disconnected:
-            return
-        if unsent_bytes(self.transport) < unsent_then:  # it read some: wait on
-            self._hold_unsent()
-            self._arm_write_timer()
-            return
-        metrics = getattr(self._state, "metrics", None)
-        if metrics is not None:
-            metrics.write_timeouts.inc()
-        log.debug(
-            "reset a session's connection from %s: its client read nothing for %s s",
-            self.transport.get_extra_info("peername"),
-            self._write_timeout_s(),
-        )
-        reset_on_close(self.transport)
-        self.transport.abort()  # drops the unsent bytes; connection_lost gives them back
-
-    def _write_timeout_s(self) -> float | None:
-        timeout: float | None = getattr(
-            getattr(self._state, "settings", None), "write_timeout_s", None
-        )
-        return timeout
-
-    def _budget(self) -> Any:
-        settings = getattr(self._state, "settings", None)
-        if getattr(settings, "max_inflight_bytes", None) is None:
-            return None  # an app without a budget
-        return byte_budget(self._state)
+    def _connection_gone(self) -> bool:
+        return bool(self.disconnected)
 
     def handle_parser_exception(self) -> None:
         if not isinstance(self.conn.parser_exc, PayloadTooBig):

@@ -7,7 +7,7 @@ in the triton wheel: ``--dump-resource-usage`` for registers, stack, local and s
 memory, ``-sass`` for the instructions (spill stores and loads, barriers). The dynamic shared
 memory Triton asks for at launch is in the compiled kernel's metadata.
 
-The budget (issue 22):
+The budget (what the served kernels must keep on sm_90):
 
 - no kernel served spills (no local memory, no ``STL``/``LDL``);
 - the smoother's forward kernels fit at least two blocks per SM on sm_90 (65,536 registers,
