@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numba
@@ -719,13 +719,16 @@ class StateAsked:
     binary: bool = False  # parts are the tensors ``state.<part>``, else the JSON lists
 
 
+NO_STATE = StateAsked()  # a body that neither sends a state nor asks for one
+
+
 @dataclass
 class Decoded:
     """A request body that parsed: the model name it asked for, and how to get its arrays."""
 
     model: str | None
     _finish: Any  # (input_dim, model name) -> FlatSequences, raising RequestError
-    state: StateAsked = field(default_factory=StateAsked)
+    state: StateAsked = NO_STATE
 
     def sequences(self, input_dim: int, model: str) -> FlatSequences:
         """Check limits and width against the model; the float32 sequences.
@@ -1021,7 +1024,7 @@ def _binary_state(
     asked = flag == "true"
     names = [n for n in header if n.startswith(STATE_PREFIX)]
     if not names:
-        return StateAsked(asked)
+        return StateAsked(True) if asked else NO_STATE
     for key in ("state_model", "state_version"):
         if key not in meta:
             raise RequestError(

@@ -25,7 +25,7 @@ bearer = HTTPBearer(
 )
 
 
-def _server_token(request: Request) -> bytes | None:
+def server_token(request: Request) -> bytes | None:
     state = request.app.state
     try:
         token: bytes | None = state.api_token
@@ -48,7 +48,7 @@ def check_token(
     request: Request, credentials: HTTPAuthorizationCredentials | None, endpoint: str
 ) -> None:
     """Raise 401 ``unauthorized`` unless the server has no token or ``credentials`` hold it."""
-    token = _server_token(request)
+    token = server_token(request)
     if token is None:
         return
     given = credentials.credentials.encode() if credentials is not None else b""
@@ -119,6 +119,10 @@ def overloaded(budget: ByteBudget) -> RequestError:
     )  # fmt: skip
 
 
+def _too_big(limit: int) -> RequestError:
+    return RequestError("body_too_large", f"request body is over {limit} bytes")
+
+
 class Held:
     """The bytes one request holds of the budget."""
 
@@ -137,12 +141,11 @@ async def read_body(
     body is held. A body cut
     short (the connection closed before its end: a hang-up, or a chunked body that broke off,
     which uvicorn answers itself) raises :class:`ClientGone`."""
-    too_big = RequestError("body_too_large", f"request body is over {limit} bytes")
     budget = budget_of(request)
     declared = request.headers.get("content-length", "")
     if declared.isdigit():
         if int(declared) > limit:
-            raise too_big
+            raise _too_big(limit)
         if int(declared) > budget.room():
             raise overloaded(budget)
     # the most bytes a safetensors header can take: the declared length, else the limit
@@ -154,7 +157,7 @@ async def read_body(
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise too_big
+                    raise _too_big(limit)
                 if header_bound is not None and size >= 8:
                     # before the bytes are held: a refused body takes none of the budget (the
                     # pieces before this one are under 8 bytes, so the join copies at most 8)

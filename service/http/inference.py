@@ -20,7 +20,7 @@ import random
 import re
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -34,7 +34,7 @@ from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings
 from rnnserve.service.endpoints import INFER, ROLLOUT, Endpoint
 from rnnserve.service.http import defaults, errors, negotiation, tracing
-from rnnserve.service.http.auth import Held, budget_of, read_body
+from rnnserve.service.http.auth import Held, byte_budget, read_body
 from rnnserve.service.http.outcomes import ClientGone, DeadlineExceeded
 from rnnserve.service.http.precise import read_precisely
 from rnnserve.service.http.responses import BuffersResponse, error_response
@@ -82,8 +82,8 @@ def answer_json_bytes(outputs: Any) -> int:
     return 12 * int(count)
 
 
-def _request_id(request: Request) -> str:
-    given = request.headers.get(REQUEST_ID_HEADER)
+def _request_id(given: str | None) -> str:
+    """The id the client gave (``X-Request-Id``) if it is one, else a new one."""
     if given is not None and _REQUEST_ID.fullmatch(given):
         return given
     return f"{_ID_PREFIX}{_ID_BITS.getrandbits(64):016x}"
@@ -110,10 +110,10 @@ def _default_model(state: Any, kind: str) -> str:
     return name
 
 
-def _deadline(request: Request, started: float, default_s: float) -> float:
-    """When the request's answer is due (``time.perf_counter`` clock; ``inf``: never)."""
+def _deadline(given: str | None, started: float, default_s: float) -> float:
+    """When the request's answer is due (``time.perf_counter`` clock; ``inf``: never), from the
+    client's ``X-Request-Timeout`` if given."""
     timeout = default_s if default_s > 0 else math.inf
-    given = request.headers.get(TIMEOUT_HEADER)
     if given is not None:
         try:
             asked = float(given)
@@ -128,37 +128,64 @@ def _deadline(request: Request, started: float, default_s: float) -> float:
     return started + timeout
 
 
-@dataclass
-class Call:
-    """One inference request as it goes through the steps of :func:`serve_request`."""
+_REQUEST_ID_KEY = REQUEST_ID_HEADER.lower().encode()
+_TIMEOUT_KEY = TIMEOUT_HEADER.lower().encode()
 
-    request: Request
-    endpoint: Endpoint
-    path_model: str | None
-    gauge: Gauge
-    started: float = field(default_factory=time.perf_counter)
-    context: RequestContext = field(default_factory=lambda: RequestContext("-"))
-    headers: dict[str, str] = field(default_factory=dict)
-    held: Held = field(default_factory=Held)
-    deadline: float = math.inf
-    model_label: str = "unknown"  # the default model, until the body or path names one
-    code: int = 500
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value is not None else None
+
+
+class Call:
+    """One inference request as it goes through the steps of :func:`serve_request`.
+
+    A plain class rather than a dataclass: what a request starts with is the class's until a
+    step sets it, so a call costs one short ``__init__`` (a dataclass's assigns every field)."""
+
+    deadline = math.inf
+    code = 500
     where: tuple[str, ...] = ("model",)  # where the request named its model
-    running: bool = False  # the model has the request
-    streamed: bool = False  # a stream's own finally accounts for it
+    running = False  # the model has the request
+    streamed = False  # a stream's own finally accounts for it
     sequences: Any = None
     error: str | None = None  # the error type answered, for the trace
     trace: tracing.Trace = tracing.OFF
-    # the app's state and metrics, looked up once: each lookup through starlette's request and
-    # State is a few Python calls, and the steps read them about a dozen times a request
-    state: Any = field(init=False)
-    metrics: Metrics = field(init=False)
-    settings: Settings = field(init=False)
+    # a call's context until begin_call opens the request's own (never current in a task, so
+    # nothing marks it)
+    context = RequestContext("-")
 
-    def __post_init__(self) -> None:
-        self.state = self.request.app.state
-        self.metrics = self.state.metrics
-        self.settings = self.state.settings
+    def __init__(
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        path_model: str | None,
+        gauge: Gauge,
+        model_label: str = "unknown",  # the default model, until the body or path names one
+    ) -> None:
+        self.request = request
+        self.endpoint = endpoint
+        self.path_model = path_model
+        self.gauge = gauge
+        self.model_label = model_label
+        self.started = time.perf_counter()
+        self.headers: dict[str, str] = {}  # the answer's
+        self.held = Held()
+        # the app's parts, looked up once: each lookup through starlette's request and State
+        # is a few Python calls, and the steps read them about a dozen times a request
+        state = self.state = request.app.state
+        self.metrics: Metrics = state.metrics
+        self.settings: Settings = state.settings
+        self.runtime: Runtime = state.runtime
+        self.codec: CodecPool = state.codec  # create_app's, closed by its lifespan
+        # the request headers the steps read, looked up once (each lookup through starlette's
+        # Headers scans the whole head again); the first of a repeated header counts, as with
+        # request.headers.get
+        head = dict(reversed(request.scope["headers"]))
+        self.content_type = _text(head.get(b"content-type"))
+        self.accept = _text(head.get(b"accept"))
+        self.given_id = _text(head.get(_REQUEST_ID_KEY))
+        self.given_timeout = _text(head.get(_TIMEOUT_KEY))
+        self.safetensors = bodies.is_safetensors(self.content_type)
 
     @property
     def rid(self) -> str:
@@ -166,15 +193,14 @@ class Call:
 
 
 def begin_call(request: Request, endpoint: Endpoint, path_model: str | None) -> Call:
-    state = request.app.state
-    metrics: Metrics = state.metrics
+    metrics: Metrics = request.app.state.metrics
     gauge = metrics.child(metrics.in_flight, endpoint.label)
     gauge.inc()
     call = Call(request, endpoint, path_model, gauge, model_label=endpoint.kind or "unknown")
     # this request's task and those it starts: the batchers log its failure with the id
-    call.context = open_request(_request_id(request))
+    call.context = open_request(_request_id(call.given_id))
     call.headers[REQUEST_ID_HEADER] = call.rid
-    call.trace = tracing.begin(state.tracing, request, endpoint.path, call.rid)
+    call.trace = tracing.begin(call.state.tracing, request, endpoint.path, call.rid)
     return call
 
 
@@ -210,16 +236,14 @@ async def serve_request(
 def admit(call: Call) -> None:
     if not call.state.ready:
         raise RequestError("not_ready", "the server is starting or shutting down")
-    call.deadline = _deadline(call.request, call.started, call.settings.request_timeout_s)
+    call.deadline = _deadline(call.given_timeout, call.started, call.settings.request_timeout_s)
 
 
 async def read_request_body(call: Call) -> bytes:
     """The body. The native endpoints' safetensors bodies have their header length checked on
     the first 8 bytes; the Open Inference Protocol's binary extension is a format of its own."""
     settings = call.settings
-    safetensors = call.endpoint in endpoints.INFERENCE and bodies.is_safetensors(
-        call.request.headers.get("content-type")
-    )
+    safetensors = call.safetensors and call.endpoint in endpoints.INFERENCE
     return await read_body(
         call.request, settings.max_request_bytes, settings.body_timeout_s, call.held, safetensors
     )
@@ -233,7 +257,7 @@ class _Parsed:
     model: str | None
     decoded: bodies.Decoded | None
     flat: FlatNumbers | None = None
-    state: StateAsked = field(default_factory=StateAsked)
+    state: StateAsked = bodies.NO_STATE
 
 
 def limits_of(settings: Settings) -> Limits:
@@ -245,11 +269,11 @@ def limits_of(settings: Settings) -> Limits:
 
 
 async def _decode(call: Call, body: bytes) -> _Parsed:
-    codec: CodecPool = call.state.codec  # create_app's, closed by its lifespan
-    ctype = call.request.headers.get("content-type")
+    codec = call.codec
+    ctype = call.content_type
     field = call.endpoint.input_field
     # safetensors bodies are read in place, in far less than a hand-off to a thread costs
-    json_bytes = 0 if bodies.is_safetensors(ctype) else len(body)
+    json_bytes = 0 if call.safetensors else len(body)
     settings = call.settings
     limits = limits_of(settings)
     if json_bytes and settings.json_reader == "precise":
@@ -282,8 +306,7 @@ def choose_model(call: Call, name: str | None) -> tuple[str, ServedInfo]:
     if not name and kind is not None:  # the only one of its kind, or the configured one
         name = _default_model(call.state, kind)
     name = name or ""
-    runtime: Runtime = call.state.runtime
-    served = runtime.get(name)
+    served = call.runtime.get(name)
     call.model_label = name
     if kind is not None and served.kind != kind:
         native = endpoints.native(served.kind)
@@ -300,7 +323,7 @@ async def _arrays(call: Call, body: bytes, parsed: _Parsed, name: str, served: S
     """The sequences, checked against the limits and the model's width."""
     if parsed.decoded is not None:
         return parsed.decoded.sequences(served.input_dim, name)
-    codec: CodecPool = call.state.codec
+    codec = call.codec
     limits = limits_of(call.settings)
     field = call.endpoint.input_field
     return await codec.run(len(body), to_arrays, parsed.flat, field, served.input_dim, limits, name)
@@ -325,7 +348,6 @@ def carry_state(sequences: Any, asked: StateAsked, name: str, served: ServedInfo
 async def _run(call: Call, name: str) -> Response:
     if time.perf_counter() >= call.deadline:  # reading and parsing took it all: never queued
         raise DeadlineExceeded
-    runtime: Runtime = call.state.runtime
     call.running = True
     answer = _answer_type(call)
     if answer == NDJSON:
@@ -337,7 +359,7 @@ async def _run(call: Call, name: str) -> Response:
                 ("return_state",),
             )  # fmt: skip
         return await _stream(call, name)
-    work = runtime.infer(name, call.sequences)
+    work = call.runtime.infer(name, call.sequences)
     with call.trace.engine_call():  # its task starts inside: the engine call's span is current
         outputs = await unless_disconnected(call.request, work, call.deadline)
     call.code = 200
@@ -352,12 +374,11 @@ _BINARY = (bodies.SAFETENSORS,)
 def _answer_type(call: Call) -> str:
     """The media type the request's ``Accept`` header asks for, of the endpoint's answers."""
     offers = _STREAMED_OR_BINARY if call.endpoint is ROLLOUT else _BINARY
-    return negotiation.choose(call.request.headers.get("accept"), offers, bodies.JSON)
+    return negotiation.choose(call.accept, offers, bodies.JSON)
 
 
 async def _stream(call: Call, name: str) -> Response:
-    runtime: Runtime = call.state.runtime
-    pieces = await runtime.open_stream(name, call.sequences)
+    pieces = await call.runtime.open_stream(name, call.sequences)
     call.code = 200
     call.streamed = True  # the stream's own finally accounts for it
     stream = ndjson(
@@ -374,8 +395,7 @@ async def _respond(call: Call, name: str, outputs: Any, media_type: str) -> Resp
         response: Response = BuffersResponse(parts, media_type=bodies.SAFETENSORS)
         response.headers.update(call.headers)
         return response
-    codec: CodecPool = call.state.codec
-    answer = await codec.run(
+    answer = await call.codec.run(
         answer_json_bytes(outputs), functools.partial(bodies.encode, view=True),
         name, out_field, outputs, False,
     )  # fmt: skip
@@ -446,7 +466,7 @@ def internal_error(call: Call, exc: Exception) -> Response:
 
 def account(call: Call) -> None:
     # a streamed rollout's bytes are given back once it is queued (its copy is the scheduler's)
-    budget_of(call.request).give(call.held.n)
+    byte_budget(call.state).give(call.held.n)
     if not call.streamed:
         call.gauge.dec()
         metrics = call.metrics

@@ -16,12 +16,12 @@ protocol, used only where httptools is missing, keeps its plain-text 503.)
 Request heads (httptools protocol): httptools bounds neither the request target nor the headers
 (it holds a header's value until the value ends), so a head of any size was read and answered.
 This protocol answers 431 ``request_header_too_large`` (and closes the connection) once a head
-is over ``max_request_head_bytes``, counted two ways: the target and each complete header as
-they are parsed, and, for a header still coming, the whole reads since the one the head began in
-(every byte of those is head). Neither count is ever more than the head's size, so a head within
-the limit is never refused; a larger one is refused at most one read past the limit. (uvicorn's
-h11 protocol has its own bound, ``h11_max_incomplete_event_size``, which ``rnnserve`` sets to the
-same limit; it answers 400.)
+is over ``max_request_head_bytes``, counted two ways after each read and once the head is
+complete: the target and the complete headers parsed so far, and, for a header still coming,
+the whole reads since the one the head began in (every byte of those is head). Neither count is
+ever more than the head's size, so a head within the limit is never refused; a larger one is
+refused at most one read past the limit. (uvicorn's h11 protocol has its own bound,
+``h11_max_incomplete_event_size``, which ``rnnserve`` sets to the same limit; it answers 400.)
 
 Answers a client does not read (both protocols): an answer is written to the transport at once,
 and a client that does not read it leaves it in the process's memory, uncounted, for as long as
@@ -57,6 +57,7 @@ import contextlib
 import fcntl
 import functools
 import http
+import itertools
 import logging
 import socket
 import struct
@@ -367,7 +368,6 @@ if HttpToolsProtocol is not None:
 
         # the request head being read (module docstring)
         _head_open = False  # a head has begun and is not complete
-        _head_seen = 0  # its target and its complete headers, in bytes
         _head_reads = 0  # bytes of the reads since the one it began in: all of them head
         _head_refused = False  # answered 431; the connection is closing
 
@@ -383,15 +383,7 @@ if HttpToolsProtocol is not None:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._head_open, self._head_seen, self._head_reads = True, 0, 0
-
-        def on_url(self, url: bytes) -> None:
-            super().on_url(url)
-            self._head_seen += len(url)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            super().on_header(name, value)
-            self._head_seen += len(name) + len(value)
+            self._head_open, self._head_reads = True, 0
 
         def on_headers_complete(self) -> None:
             self._head_open = False
@@ -407,7 +399,14 @@ if HttpToolsProtocol is not None:
 
         def _head_over(self) -> bool:
             limit = self._max_head_bytes
-            return limit is not None and max(self._head_seen, self._head_reads) > limit
+            if limit is None:
+                return False
+            return self._head_reads > limit or self._head_seen() > limit
+
+        def _head_seen(self) -> int:
+            """The head's target and complete headers, in bytes: summed when asked, not as
+            each header is parsed (a Python call per header on every request)."""
+            return len(self.url) + sum(map(len, itertools.chain.from_iterable(self.headers)))
 
         def _refuse_head(self) -> None:
             """Answer 431 and close: the answer first, then the connection once the client has

@@ -18,7 +18,7 @@ from rnnserve.service.codec import bodies
 from rnnserve.service.config import Settings
 from rnnserve.service.endpoints import INFER, ROLLOUT, SMOOTH, STREAM, Endpoint
 from rnnserve.service.http import defaults, errors, kserve
-from rnnserve.service.http.auth import AUTH, bearer, check_token
+from rnnserve.service.http.auth import AUTH, bearer, check_token, server_token
 from rnnserve.service.http.inference import serve_request
 from rnnserve.service.http.responses import ErrorBody, error_response, json_response
 from rnnserve.service.http.sessions import serve_session
@@ -184,7 +184,8 @@ async def serve_inference(scope: Scope, receive: Receive, send: Send) -> bool:
     endpoint, name = found
     request = Request(scope, receive)
     try:
-        check_token(request, await bearer(request), endpoint.label)
+        if server_token(request) is not None:  # else there is nothing to check or to read
+            check_token(request, await bearer(request), endpoint.label)
     except RequestError as exc:
         response = error_response(exc)
     else:

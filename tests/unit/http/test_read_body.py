@@ -232,8 +232,23 @@ def _headers_request(headers: dict[str, str]) -> Request:
     ],
 )
 def test_the_deadline(default_s: float, header: str | None, due: float) -> None:
-    request = _headers_request({} if header is None else {inference.TIMEOUT_HEADER: header})
-    assert inference._deadline(request, 100.0, default_s) == due
+    assert inference._deadline(header, 100.0, default_s) == due
+
+
+def test_a_call_reads_the_headers_its_steps_need_the_first_of_a_repeated_one() -> None:
+    request = _headers_request({})
+    request.scope["headers"] = [
+        (b"x-request-timeout", b"0.25"),
+        (b"content-type", b"application/x-safetensors; charset=x"),
+        (b"x-request-timeout", b"9"),
+        (b"x-request-id", b"abc"),
+    ]
+    state = SimpleNamespace(metrics=None, settings=None, runtime=None, codec=None)
+    request.scope["app"] = SimpleNamespace(state=state)
+    call = inference.Call(request, endpoints.SMOOTH, None, None)  # type: ignore[arg-type]
+    assert (call.given_timeout, call.given_id, call.accept) == ("0.25", "abc", None)
+    assert call.content_type == "application/x-safetensors; charset=x"
+    assert call.safetensors
 
 
 def _receiving(messages: list[dict[str, Any]]) -> tuple[Request, list[int]]:
@@ -303,9 +318,8 @@ _LONG = "-" + "9" * 39  # a negative number, too long to quote whole
     ],
 )
 def test_a_timeout_header_that_is_not_a_positive_number_is_refused(given: str, shown: str) -> None:
-    request = _headers_request({inference.TIMEOUT_HEADER: given})
     with pytest.raises(RequestError) as err:
-        inference._deadline(request, 100.0, 5.0)
+        inference._deadline(given, 100.0, 5.0)
     assert (status_of(err.value.type), err.value.type) == (400, "invalid_header")
     assert err.value.message == (
         f"{inference.TIMEOUT_HEADER} must be a positive number of seconds, not {shown}"
@@ -326,7 +340,7 @@ def test_unless_disconnected_gives_up_at_the_deadline_not_later() -> None:
 
 
 def test_a_server_default_under_a_second_is_a_deadline_too() -> None:
-    assert inference._deadline(_headers_request({}), 100.0, 0.5) == 100.5
+    assert inference._deadline(None, 100.0, 0.5) == 100.5
 
 
 # -- a safetensors header length refused from the first 8 bytes --
@@ -432,6 +446,7 @@ def _read_as(endpoint: Endpoint, request: Request) -> bytes:
     state = request.scope["app"].state
     state.settings = SimpleNamespace(max_request_bytes=64 << 20, body_timeout_s=5.0)
     state.metrics = None  # read_request_body counts nothing
+    state.runtime = state.codec = None  # nor reaches the codec or the model
     gauge = Gauge("requests", "in flight", registry=CollectorRegistry())
     return asyncio.run(inference.read_request_body(inference.Call(request, endpoint, None, gauge)))
 
