@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
@@ -80,6 +81,19 @@ class App(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+class AppState(State):
+    """``app.state``: starlette's State, with its values kept as the object's own attributes.
+
+    starlette's State keeps them in a dict that ``__getattr__`` reads, and Python calls
+    ``__getattr__`` only after the ordinary lookup has failed and formatted an AttributeError:
+    several thousand instructions a read, and a request reads the state about a dozen times.
+    Here that dict is the object's ``__dict__``, so a read is a plain attribute lookup; setting,
+    deleting and missing attributes behave as starlette's."""
+
+    def __init__(self) -> None:
+        super().__init__(self.__dict__)
+
+
 def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
     async def send_with_header(message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -136,6 +150,7 @@ def create_app(
         docs_url=None,  # openapi.install serves /docs and /redoc from bundled assets
         redoc_url=None,
     )
+    app.state = AppState()
     app.state.settings = settings
     app.state.tracing = traced
     # imported here, not at the top: an HTTP worker of --workers N never loads torch and the
