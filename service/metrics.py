@@ -8,7 +8,7 @@ process's files: the workers' request metrics and the engine's batch metrics.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
@@ -223,6 +223,15 @@ class Metrics:
 
     def on_split(self, name: str, reason: str) -> None:
         self.batch_splits.labels(name, reason).inc()
+
+    def live(self, gauge: Gauge, read: Callable[[], float]) -> Gauge | None:
+        """Report a value this process holds on ``gauge``: read when scraped, so that nothing
+        is set as it changes (``None``: nothing to set); or, with several processes, whose
+        values are each process's file, the gauge to set on every change."""
+        if self.multiprocess:
+            return gauge
+        gauge.set_function(read)
+        return None
 
     def exposition(self) -> bytes:
         if not self.multiprocess:

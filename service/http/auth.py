@@ -67,32 +67,37 @@ AUTH = [Depends(authorize)]
 
 
 class ByteBudget:
-    """Request bytes being read, parsed, queued and run at once (one event loop: no lock)."""
+    """Request bytes being read, parsed, queued and run at once (one event loop: no lock).
 
-    def __init__(self, limit: int, gauge: Gauge) -> None:
+    ``gauge``, if given, is set to the bytes used on every change; without it the budget's
+    ``used`` is read by whoever reports it (:meth:`~rnnserve.service.metrics.Metrics.live`)."""
+
+    def __init__(self, limit: int, gauge: Gauge | None) -> None:
         self.limit = limit
         self.used = 0
-        self._gauge = gauge
+        self.gauge = gauge
 
     def take(self, n: int) -> bool:
         if self.used + n > self.limit:
             return False
-        self.used += n
-        self._gauge.set(self.used)
+        self._change(n)
         return True
 
     def hold(self, n: int) -> None:
         """Count ``n`` bytes that exist already (an answer being sent): never refused, but
         what they take is refused to new requests until they are given back."""
-        self.used += n
-        self._gauge.set(self.used)
+        self._change(n)
 
     def room(self) -> int:
         return max(self.limit - self.used, 0)
 
     def give(self, n: int) -> None:
-        self.used -= n
-        self._gauge.set(self.used)
+        self._change(-n)
+
+    def _change(self, n: int) -> None:
+        self.used += n
+        if self.gauge is not None:
+            self.gauge.set(self.used)
 
 
 def budget_of(request: Request) -> ByteBudget:
@@ -105,9 +110,8 @@ def byte_budget(state: Any) -> ByteBudget:
         budget: ByteBudget = state.byte_budget
     except AttributeError:  # one per app
         metrics: Metrics = state.metrics
-        budget = state.byte_budget = ByteBudget(
-            state.settings.max_inflight_bytes, metrics.inflight_bytes
-        )
+        budget = state.byte_budget = ByteBudget(state.settings.max_inflight_bytes, None)
+        budget.gauge = metrics.live(metrics.inflight_bytes, lambda: budget.used)
     return budget
 
 

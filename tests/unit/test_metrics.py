@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from rnnserve.service.config import Settings
+from rnnserve.service.http.auth import byte_budget
 from rnnserve.service.metrics import Metrics
 from tests.metrics import value
 
@@ -64,3 +68,32 @@ def test_each_app_has_its_own_registry() -> None:
     a, b = Metrics(), Metrics()
     a.on_batch("m", items=1, size=1, cost=1, queue_waits=[0.0], compute_seconds=0.0, ok=False)
     assert value(b.exposition().decode(), "rnnserve_batch_failures_total", model="m") == 0
+
+
+def test_a_live_value_is_read_when_scraped_in_one_process() -> None:
+    m = Metrics()
+    held = [0]
+    assert m.live(m.inflight_bytes, lambda: held[0]) is None  # nothing to set as it changes
+    held[0] = 1234
+    assert value(m.exposition().decode(), "rnnserve_request_bytes_in_flight") == 1234
+    held[0] = 5
+    assert value(m.exposition().decode(), "rnnserve_request_bytes_in_flight") == 5
+
+
+def test_a_live_value_is_set_on_each_change_with_several_processes() -> None:
+    m = Metrics(multiprocess=True)  # each process's value is its own file, summed when scraped
+    assert m.live(m.inflight_bytes, lambda: 0) is m.inflight_bytes
+
+
+def test_the_app_byte_budget_is_reported_live() -> None:
+    m = Metrics()
+    state = SimpleNamespace(metrics=m, settings=Settings(max_inflight_bytes=1000))
+    budget = byte_budget(state)
+    assert budget.gauge is None
+    assert budget.take(600)
+    assert not budget.take(500)
+    budget.hold(100)
+    assert value(m.exposition().decode(), "rnnserve_request_bytes_in_flight") == 700
+    budget.give(650)
+    assert value(m.exposition().decode(), "rnnserve_request_bytes_in_flight") == 50
+    assert byte_budget(state) is budget  # one per app
