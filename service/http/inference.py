@@ -170,13 +170,10 @@ class Call:
         self.started = time.perf_counter()
         self.headers: dict[str, str] = {}  # the answer's
         self.held = Held()
-        # the app's parts, looked up once: each lookup through starlette's request and State
-        # is a few Python calls, and the steps read them about a dozen times a request
+        # the app's state, looked up once (request.app is a Python property)
         state = self.state = request.app.state
         self.metrics: Metrics = state.metrics
         self.settings: Settings = state.settings
-        self.runtime: Runtime = state.runtime
-        self.codec: CodecPool = state.codec  # create_app's, closed by its lifespan
         # the request headers the steps read, looked up once (each lookup through starlette's
         # Headers scans the whole head again); the first of a repeated header counts, as with
         # request.headers.get
@@ -269,7 +266,7 @@ def limits_of(settings: Settings) -> Limits:
 
 
 async def _decode(call: Call, body: bytes) -> _Parsed:
-    codec = call.codec
+    codec: CodecPool = call.state.codec  # create_app's, closed by its lifespan
     ctype = call.content_type
     field = call.endpoint.input_field
     # safetensors bodies are read in place, in far less than a hand-off to a thread costs
@@ -306,7 +303,8 @@ def choose_model(call: Call, name: str | None) -> tuple[str, ServedInfo]:
     if not name and kind is not None:  # the only one of its kind, or the configured one
         name = _default_model(call.state, kind)
     name = name or ""
-    served = call.runtime.get(name)
+    runtime: Runtime = call.state.runtime
+    served = runtime.get(name)
     call.model_label = name
     if kind is not None and served.kind != kind:
         native = endpoints.native(served.kind)
@@ -323,7 +321,7 @@ async def _arrays(call: Call, body: bytes, parsed: _Parsed, name: str, served: S
     """The sequences, checked against the limits and the model's width."""
     if parsed.decoded is not None:
         return parsed.decoded.sequences(served.input_dim, name)
-    codec = call.codec
+    codec: CodecPool = call.state.codec
     limits = limits_of(call.settings)
     field = call.endpoint.input_field
     return await codec.run(len(body), to_arrays, parsed.flat, field, served.input_dim, limits, name)
@@ -359,7 +357,7 @@ async def _run(call: Call, name: str) -> Response:
                 ("return_state",),
             )  # fmt: skip
         return await _stream(call, name)
-    work = call.runtime.infer(name, call.sequences)
+    work = call.state.runtime.infer(name, call.sequences)
     with call.trace.engine_call():  # its task starts inside: the engine call's span is current
         outputs = await unless_disconnected(call.request, work, call.deadline)
     call.code = 200
@@ -378,7 +376,7 @@ def _answer_type(call: Call) -> str:
 
 
 async def _stream(call: Call, name: str) -> Response:
-    pieces = await call.runtime.open_stream(name, call.sequences)
+    pieces = await call.state.runtime.open_stream(name, call.sequences)
     call.code = 200
     call.streamed = True  # the stream's own finally accounts for it
     stream = ndjson(
@@ -395,7 +393,7 @@ async def _respond(call: Call, name: str, outputs: Any, media_type: str) -> Resp
         response: Response = BuffersResponse(parts, media_type=bodies.SAFETENSORS)
         response.headers.update(call.headers)
         return response
-    answer = await call.codec.run(
+    answer = await call.state.codec.run(
         answer_json_bytes(outputs), functools.partial(bodies.encode, view=True),
         name, out_field, outputs, False,
     )  # fmt: skip

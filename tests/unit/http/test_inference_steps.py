@@ -101,7 +101,6 @@ def _read(body: bytes, ctype: str, reader: str) -> tuple[Any, FlatSequences]:
     gauge = Gauge("held", "bytes", registry=CollectorRegistry())
     state = SimpleNamespace(
         metrics=None,
-        runtime=None,  # the steps run here stop before the model
         settings=Settings(json_reader=reader),
         codec=CodecPool(1, 1 << 20),  # a thread, idle: these bodies are read in place
         byte_budget=auth.ByteBudget(1 << 30, gauge),
@@ -191,11 +190,7 @@ def _read_request_body(endpoint: Endpoint, ctype: str) -> bytes:
     """``PAST_ITS_END`` read by the body step of a request to ``endpoint`` with ``ctype``."""
     gauge = Gauge("held", "bytes", registry=CollectorRegistry())
     state = SimpleNamespace(
-        metrics=None,
-        runtime=None,  # the body step reaches neither the codec nor the model
-        codec=None,
-        settings=Settings(),
-        byte_budget=auth.ByteBudget(1 << 30, gauge),
+        metrics=None, settings=Settings(), byte_budget=auth.ByteBudget(1 << 30, gauge)
     )
     headers = [(b"content-type", ctype.encode()), (b"content-length", b"%d" % len(PAST_ITS_END))]
     scope = {

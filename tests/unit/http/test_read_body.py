@@ -243,7 +243,7 @@ def test_a_call_reads_the_headers_its_steps_need_the_first_of_a_repeated_one() -
         (b"x-request-timeout", b"9"),
         (b"x-request-id", b"abc"),
     ]
-    state = SimpleNamespace(metrics=None, settings=None, runtime=None, codec=None)
+    state = SimpleNamespace(metrics=None, settings=None)
     request.scope["app"] = SimpleNamespace(state=state)
     call = inference.Call(request, endpoints.SMOOTH, None, None)  # type: ignore[arg-type]
     assert (call.given_timeout, call.given_id, call.accept) == ("0.25", "abc", None)
@@ -446,7 +446,6 @@ def _read_as(endpoint: Endpoint, request: Request) -> bytes:
     state = request.scope["app"].state
     state.settings = SimpleNamespace(max_request_bytes=64 << 20, body_timeout_s=5.0)
     state.metrics = None  # read_request_body counts nothing
-    state.runtime = state.codec = None  # nor reaches the codec or the model
     gauge = Gauge("requests", "in flight", registry=CollectorRegistry())
     return asyncio.run(inference.read_request_body(inference.Call(request, endpoint, None, gauge)))
 
