@@ -226,6 +226,39 @@ def _cell(g: Any, add: Any, c: Any, b: int, z: Any, col: int, z_next: Any) -> No
 _cell_jit = _jit(_cell)
 
 
+def _output_layer(
+    z_top: Any, col: int, w_out_t: Any, b_out: Any, b: int, lanes: Any, out: Any, z0: Any
+) -> None:
+    # p = tanh(h_top @ w_out + b_out) for rows :b, h_top = z_top[:, col:col + H]; written to
+    # out[:b] and fed back into z0[:, :2], the next step's input. Each dot product is summed in
+    # 16 independent lanes ([2, 16] scratch) so that it vectorises.
+    hidden = w_out_t.shape[1]
+    for r in range(b):
+        h_top = z_top[r, col : col + hidden]
+        for q in range(16):
+            lanes[0, q] = 0
+            lanes[1, q] = 0
+        k0 = 0
+        while k0 + 16 <= hidden:
+            for q in range(16):
+                lanes[0, q] += h_top[k0 + q] * w_out_t[0, k0 + q]
+                lanes[1, q] += h_top[k0 + q] * w_out_t[1, k0 + q]
+            k0 += 16
+        for q in range(hidden - k0):
+            lanes[0, q] += h_top[k0 + q] * w_out_t[0, k0 + q]
+            lanes[1, q] += h_top[k0 + q] * w_out_t[1, k0 + q]
+        for d in range(2):
+            acc = b_out[d]
+            for q in range(16):
+                acc += lanes[d, q]
+            p_d = _tanh(acc)
+            out[r, d] = p_d
+            z0[r, d] = p_d
+
+
+_output_layer_jit = _jit(_output_layer)
+
+
 def _rollout_loop(
     gu: Any,  # [N, 4H]: layer 0's input projection u @ W0_u + b0, per packed row
     batch_sizes: Any,  # [T] int64, non-increasing
@@ -261,29 +294,7 @@ def _rollout_loop(
             z_next = z_up[layer] if layer < n_up else no_rows
             _cell_jit(g, add, c[layer], b, z, 2 if layer == 0 else hidden, z_next)
         z_top = z_up[n_up - 1] if n_up else z0
-        top_col = hidden if n_up else 2
-        for r in range(b):
-            # p = tanh(h_top @ w_out + b_out), summed in 16 independent lanes so it vectorises
-            h_top = z_top[r, top_col : top_col + hidden]
-            for q in range(16):
-                lanes[0, q] = 0
-                lanes[1, q] = 0
-            k0 = 0
-            while k0 + 16 <= hidden:
-                for q in range(16):
-                    lanes[0, q] += h_top[k0 + q] * w_out_t[0, k0 + q]
-                    lanes[1, q] += h_top[k0 + q] * w_out_t[1, k0 + q]
-                k0 += 16
-            for q in range(hidden - k0):
-                lanes[0, q] += h_top[k0 + q] * w_out_t[0, k0 + q]
-                lanes[1, q] += h_top[k0 + q] * w_out_t[1, k0 + q]
-            for d in range(2):
-                acc = b_out[d]
-                for q in range(16):
-                    acc += lanes[d, q]
-                p_d = _tanh(acc)
-                out[off + r, d] = p_d
-                z0[r, d] = p_d
+        _output_layer_jit(z_top, hidden if n_up else 2, w_out_t, b_out, b, lanes, out[off:], z0)
         off += b
 
 

@@ -1,0 +1,193 @@
+"""Where the numba rollout's time goes: each piece of a step timed apart, at every batch size.
+
+Usage (one core, one thread, as the rollout's FLOP floor is taken)::
+
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 taskset -c 0 \\
+        python -m bench.rollout_cpu_probe --breakdown [--shape 64x500] [--gemm-pad 1 4 8]
+
+A step of the rollout (``models/kernels/rollout_cpu.py``) with ``b`` active rows is, per layer,
+one GEMM ``g[:b] = z[:b] @ W`` and one fused cell over ``b`` rows, then the output layer and the
+position feedback over ``b`` rows. Each piece is timed through the kernel's own compiled
+functions, called ``n`` times inside one compiled loop (so Python's call overhead is not in the
+figure), as this process's CPU time, the fastest of a few samples. The per-``b`` times summed
+over the real batch-size schedule are then set against the whole rollout (the compiled loop
+alone, and the public call with its host-side preparation), timed in interleaved rounds; what
+is left over is the loop's own bookkeeping. ``--gemm-pad m`` adds the GEMMs' sum had each step
+computed ``b`` rounded up to a multiple of ``m`` rows (capped at the batch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.models_harness import half_spread_lengths, random_sequences
+from bench.models_traveller import make_traveller
+from bench.rollout_vs_jax import FLOP_PER_CYCLE, clock_hz, rollout_flops, vendor
+from rnnserve.models.kernels import rollout_cpu as rc
+from rnnserve.models.packing import pack
+
+
+def _repeat_gemm(z: Any, w: Any, b: int, g: Any, ints: Any, scalars: Any, n: int) -> None:
+    for _ in range(n):
+        rc._gemm_blas_jit(z, w, b, g, ints, scalars)
+
+
+def _repeat_cell(g: Any, add: Any, c: Any, b: int, z: Any, col: int, z_next: Any, n: int) -> None:
+    for _ in range(n):
+        rc._cell_jit(g, add, c, b, z, col, z_next)
+
+
+def _repeat_output(
+    z_top: Any, col: int, w_out_t: Any, b_out: Any, b: int, lanes: Any, out: Any, z0: Any, n: int
+) -> None:
+    for _ in range(n):
+        rc._output_layer_jit(z_top, col, w_out_t, b_out, b, lanes, out, z0)
+
+
+repeat_gemm = rc._jit(_repeat_gemm)
+repeat_cell = rc._jit(_repeat_cell)
+repeat_output = rc._jit(_repeat_output)
+
+
+def cpu_seconds(fn: Callable[[int], object], min_s: float = 0.004, samples: int = 5) -> float:
+    """CPU seconds of one repetition of ``fn(n)`` (which repeats its work ``n`` times): ``n`` is
+    grown until a sample lasts ``min_s``, then the fastest of ``samples`` samples is kept."""
+    n = 1
+    while True:
+        start = time.thread_time()
+        fn(n)
+        if time.thread_time() - start >= min_s:
+            break
+        n *= 4
+    best = float("inf")
+    for _ in range(samples):
+        start = time.thread_time()
+        fn(n)
+        best = min(best, (time.thread_time() - start) / n)
+    return best
+
+
+def rollout_arrays(base: Any, x: Any) -> dict[str, Any]:
+    """The arrays the public call hands to the compiled loop (``rollout_packed_numba``), zero
+    initial state, float32."""
+    w_cat, bias, w_out, b_out = base.fused_weights()
+    hidden, layers, b_max = base.hidden_size, base.num_layers, int(x.batch_sizes[0])
+
+    def arr(t: torch.Tensor) -> np.ndarray[Any, Any]:
+        return np.ascontiguousarray(t.detach().float().numpy())
+
+    return {
+        "gu": arr(torch.addmm(bias[0], x.data, w_cat[0][2 + hidden :])),
+        "batch_sizes": x.batch_sizes.numpy().astype(np.int64),
+        "w0": arr(w_cat[0][: 2 + hidden]),
+        "w_up": arr(torch.stack(w_cat[1:])),
+        "b_up": arr(torch.stack(bias[1:])[:, None, :]),
+        "w_out_t": arr(w_out.t()),
+        "b_out": arr(b_out),
+        "z0": np.zeros((b_max, 2 + hidden), np.float32),
+        "z_up": np.zeros((layers - 1, b_max, 2 * hidden), np.float32),
+        "c": np.zeros((layers, b_max, hidden), np.float32),
+        "out": np.empty((x.data.shape[0], 2), np.float32),
+    }
+
+
+def piece_times(a: dict[str, Any], b: int, gemm_rows: int | None = None) -> dict[str, float]:
+    """CPU seconds of each piece of one step with ``b`` active rows (the GEMMs computing
+    ``gemm_rows`` rows where given), on the rollout's own arrays."""
+    rng = np.random.default_rng(b)
+    hidden = a["c"].shape[2]
+    z0 = (rng.standard_normal(a["z0"].shape) * 0.5).astype(np.float32)
+    z1 = (rng.standard_normal(a["z_up"].shape[1:]) * 0.5).astype(np.float32)
+    c = np.zeros(a["c"].shape[1:], np.float32)
+    g = np.zeros((z0.shape[0], 4 * hidden), np.float32)
+    ints, scalars = np.zeros(8, np.int32), np.zeros(2, np.float32)
+    lanes, out = np.zeros((2, 16), np.float32), np.empty((z0.shape[0], 2), np.float32)
+    no_rows = np.empty((0, 2 * hidden), np.float32)
+    rows = b if gemm_rows is None else gemm_rows
+    gu, b_up, w_up, pre = a["gu"][:b], a["b_up"][0], a["w_up"][0], g + 0.1
+    return {
+        "gemm 0": cpu_seconds(lambda n: repeat_gemm(z0, a["w0"], rows, g, ints, scalars, n)),
+        "gemm 1": cpu_seconds(lambda n: repeat_gemm(z1, w_up, rows, g, ints, scalars, n)),
+        "cell 0": cpu_seconds(lambda n: repeat_cell(pre, gu, c, b, z0, 2, z1, n)),
+        "cell 1": cpu_seconds(lambda n: repeat_cell(pre, b_up, c, b, z1, hidden, no_rows, n)),
+        "output": cpu_seconds(
+            lambda n: repeat_output(z1, hidden, a["w_out_t"], a["b_out"], b, lanes, out, z0, n)
+        ),
+    }
+
+
+def whole_times(base: Any, x: Any, a: dict[str, Any], rounds: int) -> dict[str, float]:
+    """CPU seconds of the whole rollout, the fastest of ``rounds`` interleaved rounds: the
+    compiled loop on prepared arrays, and the public call (host-side preparation included)."""
+    sizes = x.batch_sizes.tolist()
+    weights = base.fused_weights()
+    keys = ("gu", "batch_sizes", "w0", "w_up", "b_up", "w_out_t", "b_out")
+
+    def loop() -> None:
+        state = {k: a[k].copy() for k in ("z0", "z_up", "c")}
+        rc._rollout_loop_jit(
+            *(a[k] for k in keys), state["z0"], state["z_up"], state["c"], a["out"], rc.GEMM_FROM
+        )
+
+    cases: dict[str, Callable[[], object]] = {
+        "compiled loop": loop,
+        "rollout_packed_numba": lambda: rc.rollout_packed_numba(x.data, sizes, *weights),
+    }
+    best = dict.fromkeys(cases, float("inf"))
+    for fn in cases.values():
+        fn()
+    for r in range(rounds):
+        names = list(cases)[r % 2 :] + list(cases)[: r % 2]
+        for name in names:
+            start = time.thread_time()
+            cases[name]()
+            best[name] = min(best[name], time.thread_time() - start)
+    return best
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:7.2f}"
+
+
+def breakdown(batch: int, steps: int, rounds: int, pads: Sequence[int]) -> None:
+    base = make_traveller()
+    x = pack(random_sequences(half_spread_lengths(batch, steps), base.num_inputs, 101))
+    a = rollout_arrays(base, x)
+    sizes = [int(v) for v in x.batch_sizes.tolist()]
+    hidden, layers, inputs = base.hidden_size, base.num_layers, base.num_inputs
+    peak = clock_hz() * FLOP_PER_CYCLE.get(vendor(), 32)
+    floor_s = rollout_flops(sizes, inputs, hidden, layers) / peak
+    print(f"B={batch} T={steps}: {sum(sizes)} rows, peak {peak / 1e9:.0f} GFLOP/s, BLAS {rc.BLAS}")
+    per_b = {b: piece_times(a, b) for b in sorted(set(sizes))}
+    print("   b | " + " | ".join(f"{k:>7s}" for k in per_b[sizes[0]]) + " | µs/step | × floor")
+    for b, t in per_b.items():
+        step = sum(t.values())
+        flo = rollout_flops([b], inputs, hidden, layers) / peak
+        cells = " | ".join(f"{v * 1e6:7.1f}" for v in t.values())
+        print(f"{b:4d} | {cells} | {step * 1e6:7.1f} | {step / flo:6.2f}")
+    full = [b for b in sizes if b == sizes[0]]
+    tail = [b for b in sizes if b != sizes[0]]
+    print(f"summed over the schedule ({len(full)} full steps, {len(tail)} narrower), ms:")
+    total = 0.0
+    for piece in per_b[sizes[0]]:
+        f_s = sum(per_b[b][piece] for b in full)
+        t_s = sum(per_b[b][piece] for b in tail)
+        total += f_s + t_s
+        print(f"  {piece:8s} full {_ms(f_s)}  tail {_ms(t_s)}  all {_ms(f_s + t_s)}")
+    print(f"  pieces   all {_ms(total)}  ({total / floor_s:.2f}× the floor {_ms(floor_s)})")
+    whole = whole_times(base, x, a, rounds)
+    for name, s in whole.items():
+        print(f"  {name:22s} {_ms(s)}  ({s / floor_s:.2f}× floor; {_ms(s - total)} beyond pieces)")
+    for m in pads:
+        padded = {b: min(sizes[0], -(-b // m) * m) for b in set(sizes)}
+        cache: dict[int, dict[str, float]] = {}
+        for b in set(padded.values()):
+            cache[b] = per_b[b] if b in per_b else piece_times(a, b, b)
+        gemm = sum(cache[padded[b]]["gemm 0"] + cache[padded[b]]["gemm 1"] for b in sizes)
+        now = sum(per_b[b]["gemm 0"] + per_b[b]["gemm 1"] for b in sizes)
+        print(f"  GEMMs, rows padded to a multiple of {m:2d}: {_ms(gemm)} (unpadded {_ms(now)})")
