@@ -9,7 +9,8 @@ Default model shapes (num_inputs 6, hidden 128, 2 layers), float32. For B > 1 th
 spread evenly from T down to T/2 and packed. Implementations are timed in interleaved rounds;
 each figure is the median over rounds of one call's wall time divided by T (µs per step).
 Compile and first-call times are reported apart. JAX is optional (``pip install jax``).
-``--breakdown`` times a step's pieces apart instead (bench/rollout_cpu_steps.py).
+``--breakdown`` times a step's pieces apart instead, ``--versions FILE ...`` times this kernel
+against other versions of its module (bench/rollout_cpu_steps.py).
 """
 
 from __future__ import annotations
@@ -157,15 +158,20 @@ def main() -> None:
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--breakdown", action="store_true", help="time a step's pieces apart")
     ap.add_argument("--gemm-pad", type=int, nargs="*", default=[], help="with --breakdown")
+    ap.add_argument("--versions", nargs="*", default=[], help="kernel files to A/B against")
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", DeprecationWarning)
-    if args.breakdown:
-        from bench.rollout_cpu_steps import breakdown
+    if args.breakdown or args.versions:
+        from bench.rollout_cpu_steps import breakdown, versions_ab
 
         for shape in args.shape:
             batch, steps = (int(v) for v in shape.split("x"))
-            breakdown(batch, steps, args.rounds, args.gemm_pad)
+            print(f"B={batch} T={steps}")
+            if args.versions:
+                versions_ab(batch, steps, args.rounds, args.versions)
+            else:
+                breakdown(batch, steps, args.rounds, args.gemm_pad)
         return
     for shape in args.shape:
         batch, steps = (int(v) for v in shape.split("x"))

@@ -82,14 +82,14 @@ def rollout_arrays(base: Any, x: Any) -> dict[str, Any]:
         return np.ascontiguousarray(t.detach().float().numpy())
 
     return {
-        "gu": arr(torch.addmm(bias[0], x.data, w_cat[0][2 + hidden :])),
+        "u": arr(x.data),
         "batch_sizes": x.batch_sizes.numpy().astype(np.int64),
-        "w0": arr(w_cat[0][: 2 + hidden]),
+        "w0": arr(w_cat[0]),
         "w_up": arr(torch.stack(w_cat[1:])),
-        "b_up": arr(torch.stack(bias[1:])[:, None, :]),
+        "bias": arr(torch.stack(bias)),
         "w_out_t": arr(w_out.t()),
         "b_out": arr(b_out),
-        "z0": np.zeros((b_max, 2 + hidden), np.float32),
+        "z0": np.zeros((b_max, w_cat[0].shape[0]), np.float32),
         "z_up": np.zeros((layers - 1, b_max, 2 * hidden), np.float32),
         "c": np.zeros((layers, b_max, hidden), np.float32),
         "out": np.empty((x.data.shape[0], 2), np.float32),
@@ -109,12 +109,12 @@ def piece_times(a: dict[str, Any], b: int, gemm_rows: int | None = None) -> dict
     lanes, out = np.zeros((2, 16), np.float32), np.empty((z0.shape[0], 2), np.float32)
     no_rows = np.empty((0, 2 * hidden), np.float32)
     rows = b if gemm_rows is None else gemm_rows
-    gu, b_up, w_up, pre = a["gu"][:b], a["b_up"][0], a["w_up"][0], g + 0.1
+    bias, w_up, pre = a["bias"], a["w_up"][0], g + 0.1
     return {
         "gemm 0": cpu_seconds(lambda n: repeat_gemm(z0, a["w0"], rows, g, ints, scalars, n)),
         "gemm 1": cpu_seconds(lambda n: repeat_gemm(z1, w_up, rows, g, ints, scalars, n)),
-        "cell 0": cpu_seconds(lambda n: repeat_cell(pre, gu, c, b, z0, 2, z1, n)),
-        "cell 1": cpu_seconds(lambda n: repeat_cell(pre, b_up, c, b, z1, hidden, no_rows, n)),
+        "cell 0": cpu_seconds(lambda n: repeat_cell(pre, bias[0], c, b, z0, 2, z1, n)),
+        "cell 1": cpu_seconds(lambda n: repeat_cell(pre, bias[1], c, b, z1, hidden, no_rows, n)),
         "output": cpu_seconds(
             lambda n: repeat_output(z1, hidden, a["w_out_t"], a["b_out"], b, lanes, out, z0, n)
         ),
@@ -126,7 +126,7 @@ def whole_times(base: Any, x: Any, a: dict[str, Any], rounds: int) -> dict[str, 
     compiled loop on prepared arrays, and the public call (host-side preparation included)."""
     sizes = x.batch_sizes.tolist()
     weights = base.fused_weights()
-    keys = ("gu", "batch_sizes", "w0", "w_up", "b_up", "w_out_t", "b_out")
+    keys = ("u", "batch_sizes", "w0", "w_up", "bias", "w_out_t", "b_out")
 
     def loop() -> None:
         state = {k: a[k].copy() for k in ("z0", "z_up", "c")}
@@ -191,3 +191,44 @@ def breakdown(batch: int, steps: int, rounds: int, pads: Sequence[int]) -> None:
         gemm = sum(cache[padded[b]]["gemm 0"] + cache[padded[b]]["gemm 1"] for b in sizes)
         now = sum(per_b[b]["gemm 0"] + per_b[b]["gemm 1"] for b in sizes)
         print(f"  GEMMs, rows padded to a multiple of {m:2d}: {_ms(gemm)} (unpadded {_ms(now)})")
+
+
+def load_kernel(path: str) -> Any:
+    """Another version of the kernel module, from a file (e.g. one ``git show`` wrote out)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"rollout_cpu_{abs(hash(path))}", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def versions_ab(batch: int, steps: int, rounds: int, paths: Sequence[str]) -> None:
+    """The public call of this kernel and of each version in ``paths``, on the same inputs, in
+    interleaved rounds (the order rotated each round): CPU ms per call, min and median."""
+    base = make_traveller()
+    x = pack(random_sequences(half_spread_lengths(batch, steps), base.num_inputs, 101))
+    sizes, weights = x.batch_sizes.tolist(), base.fused_weights()
+    kernels = {"this tree": rc, **{p: load_kernel(p) for p in paths}}
+    want = rc.rollout_packed_numba(x.data, sizes, *weights)
+    times: dict[str, list[float]] = {name: [] for name in kernels}
+    for name, k in kernels.items():
+        got = k.rollout_packed_numba(x.data, sizes, *weights)
+        err = max(float((a - b).abs().max()) for a, b in zip(got, want, strict=True))
+        print(f"  {name}: max |diff| vs this tree {err:.1e}")
+    names = list(kernels)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.thread_time()
+            kernels[name].rollout_packed_numba(x.data, sizes, *weights)
+            times[name].append(time.thread_time() - start)
+    flops = rollout_flops(sizes, base.num_inputs, base.hidden_size, base.num_layers)
+    peak = clock_hz() * FLOP_PER_CYCLE.get(vendor(), 32)
+    for name, ts in times.items():
+        med = sorted(ts)[len(ts) // 2]
+        print(
+            f"  {name:40s} min {_ms(min(ts))}  median {_ms(med)} ms  "
+            f"({min(ts) * peak / flops:.2f}-{med * peak / flops:.2f}× floor)"
+        )

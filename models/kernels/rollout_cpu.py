@@ -17,9 +17,13 @@ the number of active rows ``b`` (the crossover bench/rollout_cpu_probe.py measur
 The gate nonlinearities and the cell update of a layer run in one fused loop.
 
 The state lives in per-layer input buffers laid out as the GEMM reads them: layer 0 reads
-``z0 = [p | h_0]``, layer ``l`` reads ``[h_{l-1} | h_l]``; a layer writes its new ``h`` into its
-own buffer and the next layer's. Rows ``b..`` of every buffer are finished sequences: they are
+``z0 = [p | h_0 | u_t]``, layer ``l`` reads ``[h_{l-1} | h_l]``; a layer writes its new ``h`` into
+its own buffer and the next layer's. Rows ``b..`` of every buffer are finished sequences: they are
 not touched again, so each sequence's final state is simply what its rows hold at the end.
+Each step copies its input rows ``u_t`` into ``z0``, so layer 0's input projection is part of
+that step's GEMM (a few more columns of ``K``) rather than one ``[N, 4H]`` product made up front:
+that array is many times the size of the caches for a long batch, so writing it (into freshly
+faulted pages) and reading it back row by row cost more than the projection itself.
 
 Activations: float64 uses libm's ``tanh`` and ``exp`` (the conformance tests compare at 1e-10).
 float32 uses a rational ``tanh`` (Eigen's ``generic_fast_tanh_float``, |error| < 4e-7; pure
@@ -194,20 +198,18 @@ else:  # pragma: no cover - no BLAS reachable from numba: every step takes the h
     _gemm_blas_jit = _jit(_gemm_fallback)
 
 
-def _cell(g: Any, add: Any, c: Any, b: int, z: Any, col: int, z_next: Any) -> None:
+def _cell(g: Any, bias: Any, c: Any, b: int, z: Any, col: int, z_next: Any) -> None:
     # Fused LSTM cell on rows :b. g: [B, 4H] pre-activations (gate order i, f, g, o) still
-    # missing `add` ([b, 4H] rows, or a [1, 4H] bias broadcast to every row); c: [B, H] updated
-    # in place; the new h goes to z[:, col:col + H] (this layer's next step) and, unless z_next
-    # has no rows (the top layer), to z_next[:, :H] (the next layer's input). Each row's gates
-    # are taken as 1-D views so LLVM sees contiguous, non-overlapping runs and vectorises.
+    # missing the [4H] bias; c: [B, H] updated in place; the new h goes to z[:, col:col + H]
+    # (this layer's next step) and, unless z_next has no rows (the top layer), to z_next[:, :H]
+    # (the next layer's input). Each row's gates are taken as 1-D views so LLVM sees
+    # contiguous, non-overlapping runs and vectorises.
     hidden = c.shape[1]
-    one_row = add.shape[0] == 1
+    ai, af = bias[:hidden], bias[hidden : 2 * hidden]
+    ag, ao = bias[2 * hidden : 3 * hidden], bias[3 * hidden :]
     for r in range(b):
-        ar = 0 if one_row else r
         gi, gf = g[r, :hidden], g[r, hidden : 2 * hidden]
         gg, go = g[r, 2 * hidden : 3 * hidden], g[r, 3 * hidden :]
-        ai, af = add[ar, :hidden], add[ar, hidden : 2 * hidden]
-        ag, ao = add[ar, 2 * hidden : 3 * hidden], add[ar, 3 * hidden :]
         cr = c[r]
         hr = z[r, col : col + hidden]
         for j in range(hidden):
@@ -260,14 +262,14 @@ _output_layer_jit = _jit(_output_layer)
 
 
 def _rollout_loop(
-    gu: Any,  # [N, 4H]: layer 0's input projection u @ W0_u + b0, per packed row
+    u: Any,  # [N, I]: packed inputs
     batch_sizes: Any,  # [T] int64, non-increasing
-    w0: Any,  # [2 + H, 4H]: layer 0's rows for (p, h_0)
+    w0: Any,  # [2 + H + I, 4H]: layer 0's rows for (p, h_0, u)
     w_up: Any,  # [L - 1, 2H, 4H]: layer l's rows for (h_{l-1}, h_l)
-    b_up: Any,  # [L - 1, 1, 4H]
+    bias: Any,  # [L, 4H]
     w_out_t: Any,  # [2, H]
     b_out: Any,  # [2]
-    z0: Any,  # [B, 2 + H] state in/out: (p, h_0)
+    z0: Any,  # [B, 2 + H + I] state in/out: (p, h_0), then this step's inputs
     z_up: Any,  # [L - 1, B, 2H] state in/out: (h_{l-1}, h_l)
     c: Any,  # [L, B, H] state in/out
     out: Any,  # [N, 2] positions
@@ -275,6 +277,7 @@ def _rollout_loop(
 ) -> None:
     hidden = c.shape[2]
     n_up = z_up.shape[0]
+    u_col, n_in = 2 + hidden, u.shape[1]
     g = np.empty((z0.shape[0], 4 * hidden), dtype=z0.dtype)
     no_rows = np.empty((0, 2 * hidden), dtype=z0.dtype)
     lanes = np.zeros((2, 16), dtype=z0.dtype)
@@ -283,6 +286,9 @@ def _rollout_loop(
     off = 0
     for t in range(batch_sizes.shape[0]):
         b = batch_sizes[t]
+        for r in range(b):
+            for k in range(n_in):
+                z0[r, u_col + k] = u[off + r, k]
         for layer in range(n_up + 1):
             z = z0 if layer == 0 else z_up[layer - 1]
             w = w0 if layer == 0 else w_up[layer - 1]
@@ -290,9 +296,8 @@ def _rollout_loop(
                 _gemm_blas_jit(z, w, b, g, ints, scalars)
             else:
                 _gemm_small_jit(z, w, b, g)
-            add = gu[off : off + b] if layer == 0 else b_up[layer - 1]
             z_next = z_up[layer] if layer < n_up else no_rows
-            _cell_jit(g, add, c[layer], b, z, 2 if layer == 0 else hidden, z_next)
+            _cell_jit(g, bias[layer], c[layer], b, z, 2 if layer == 0 else hidden, z_next)
         z_top = z_up[n_up - 1] if n_up else z0
         _output_layer_jit(z_top, hidden if n_up else 2, w_out_t, b_out, b, lanes, out[off:], z0)
         off += b
@@ -366,33 +371,30 @@ def rollout_packed_numba(
     def arr(t: Tensor) -> np.ndarray[Any, Any]:
         return t.detach().to(dtype).contiguous().numpy()
 
-    w0 = w_cat[0][: 2 + hidden]  # [2 + H, 4H]
-    gu = torch.addmm(bias[0].to(dtype), u, w_cat[0][2 + hidden :].to(dtype))  # [N, 4H]
+    w0 = arr(w_cat[0])  # [2 + H + I, 4H]
     if num_layers > 1:
         w_up = arr(torch.stack(w_cat[1:]))  # [L - 1, 2H, 4H]
-        b_up = arr(torch.stack(bias[1:]))[:, None, :]  # [L - 1, 1, 4H]
     else:
-        w_up = np.zeros((0, 2 * hidden, 4 * hidden), dtype=arr(w0).dtype)
-        b_up = np.zeros((0, 1, 4 * hidden), dtype=w_up.dtype)
+        w_up = np.zeros((0, 2 * hidden, 4 * hidden), dtype=w0.dtype)
     # the state buffers, laid out as each layer's GEMM reads them (see the module docstring)
-    z0 = np.zeros((b_max, 2 + hidden), dtype=w_up.dtype)
+    z0 = np.zeros((b_max, 2 + hidden + u.shape[1]), dtype=w_up.dtype)
     z_up = np.zeros((num_layers - 1, b_max, 2 * hidden), dtype=w_up.dtype)
     c = np.zeros((num_layers, b_max, hidden), dtype=w_up.dtype) if c0 is None else arr(c0).copy()
     if p0 is not None:
         z0[:, :2] = arr(p0)
     if h0 is not None:
         h = arr(h0)
-        z0[:, 2:] = h[0]
+        z0[:, 2 : 2 + hidden] = h[0]
         for layer in range(1, num_layers):
             z_up[layer - 1, :, :hidden] = h[layer - 1]
             z_up[layer - 1, :, hidden:] = h[layer]
     out = np.empty((u.shape[0], 2), dtype=w_up.dtype)
     _rollout_loop_jit(
-        arr(gu),
+        arr(u),
         np.asarray(batch_sizes, dtype=np.int64),
-        arr(w0),
+        w0,
         w_up,
-        np.ascontiguousarray(b_up),
+        arr(torch.stack(bias)),
         arr(w_out.t()),
         arr(b_out),
         z0,
@@ -402,7 +404,7 @@ def rollout_packed_numba(
         GEMM_FROM if gemm_from is None else max(gemm_from, 1),
     )
     h_t = np.empty((num_layers, b_max, hidden), dtype=w_up.dtype)
-    h_t[0] = z0[:, 2:]
+    h_t[0] = z0[:, 2 : 2 + hidden]
     for layer in range(1, num_layers):
         h_t[layer] = z_up[layer - 1, :, hidden:]
     p_t = np.ascontiguousarray(z0[:, :2])
