@@ -18,6 +18,7 @@ computed ``b`` rounded up to a multiple of ``m`` rows (capped at the batch).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,10 +44,11 @@ def _repeat_cell(g: Any, add: Any, c: Any, b: int, z: Any, col: int, z_next: Any
 
 
 def _repeat_output(
-    z_top: Any, col: int, w_out_t: Any, b_out: Any, b: int, lanes: Any, out: Any, z0: Any, n: int
+    z_top: Any, col: int, w_out_t: Any, b_out: Any, b: int, scratch: Any, out: Any, z0: Any, n: int
 ) -> None:
+    lanes, sums = scratch
     for _ in range(n):
-        rc._output_layer_jit(z_top, col, w_out_t, b_out, b, lanes, out, z0)
+        rc._output_layer_jit(z_top, col, w_out_t, b_out, b, lanes, sums, out, z0)
 
 
 repeat_gemm = rc._jit(_repeat_gemm)
@@ -106,7 +108,8 @@ def piece_times(a: dict[str, Any], b: int, gemm_rows: int | None = None) -> dict
     c = np.zeros(a["c"].shape[1:], np.float32)
     g = np.zeros((z0.shape[0], 4 * hidden), np.float32)
     ints, scalars = np.zeros(8, np.int32), np.zeros(2, np.float32)
-    lanes, out = np.zeros((2, 16), np.float32), np.empty((z0.shape[0], 2), np.float32)
+    lanes, sums = np.zeros((2, 16), np.float32), np.zeros((2, 17, z0.shape[0]), np.float32)
+    out = np.empty((z0.shape[0], 2), np.float32)
     no_rows = np.empty((0, 2 * hidden), np.float32)
     rows = b if gemm_rows is None else gemm_rows
     bias, w_up, pre = a["bias"], a["w_up"][0], g + 0.1
@@ -116,7 +119,9 @@ def piece_times(a: dict[str, Any], b: int, gemm_rows: int | None = None) -> dict
         "cell 0": cpu_seconds(lambda n: repeat_cell(pre, bias[0], c, b, z0, 2, z1, n)),
         "cell 1": cpu_seconds(lambda n: repeat_cell(pre, bias[1], c, b, z1, hidden, no_rows, n)),
         "output": cpu_seconds(
-            lambda n: repeat_output(z1, hidden, a["w_out_t"], a["b_out"], b, lanes, out, z0, n)
+            lambda n: repeat_output(
+                z1, hidden, a["w_out_t"], a["b_out"], b, (lanes, sums), out, z0, n
+            )
         ),
     }
 
@@ -207,7 +212,8 @@ def load_kernel(path: str) -> Any:
 
 def versions_ab(batch: int, steps: int, rounds: int, paths: Sequence[str]) -> None:
     """The public call of this kernel and of each version in ``paths``, on the same inputs, in
-    interleaved rounds (the order rotated each round): CPU ms per call, min and median."""
+    interleaved rounds (the order rotated each round): CPU ms per call, min and median, and the
+    median over rounds of each version's time over this tree's in the same round."""
     base = make_traveller()
     x = pack(random_sequences(half_spread_lengths(batch, steps), base.num_inputs, 101))
     sizes, weights = x.batch_sizes.tolist(), base.fused_weights()
@@ -226,9 +232,14 @@ def versions_ab(batch: int, steps: int, rounds: int, paths: Sequence[str]) -> No
             times[name].append(time.thread_time() - start)
     flops = rollout_flops(sizes, base.num_inputs, base.hidden_size, base.num_layers)
     peak = clock_hz() * FLOP_PER_CYCLE.get(vendor(), 32)
+    first = times[names[0]]
     for name, ts in times.items():
-        med = sorted(ts)[len(ts) // 2]
+        med = statistics.median(ts)
+        # a round's calls ran within a second of each other: their ratio cancels slower swings
+        # of the machine's load, which the spread of each version's own times does not
+        paired = statistics.median(t / f for t, f in zip(ts, first, strict=True))
         print(
             f"  {name:40s} min {_ms(min(ts))}  median {_ms(med)} ms  "
-            f"({min(ts) * peak / flops:.2f}-{med * peak / flops:.2f}× floor)"
+            f"({min(ts) * peak / flops:.2f}-{med * peak / flops:.2f}× floor)  "
+            f"paired median {paired:.3f}× this tree"
         )

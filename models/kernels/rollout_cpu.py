@@ -229,33 +229,61 @@ _cell_jit = _jit(_cell)
 
 
 def _output_layer(
-    z_top: Any, col: int, w_out_t: Any, b_out: Any, b: int, lanes: Any, out: Any, z0: Any
+    z_top: Any,
+    col: int,
+    w_out_t: Any,
+    b_out: Any,
+    b: int,
+    lanes: Any,
+    sums: Any,
+    out: Any,
+    z0: Any,
 ) -> None:
     # p = tanh(h_top @ w_out + b_out) for rows :b, h_top = z_top[:, col:col + H]; written to
     # out[:b] and fed back into z0[:, :2], the next step's input. Each dot product is summed in
-    # 16 independent lanes ([2, 16] scratch) so that it vectorises.
+    # 16 independent lanes ([2, 16] scratch) so that it vectorises; the lanes of every row go to
+    # sums ([2, 17, B] scratch), where they are added up in lane order and squashed across the
+    # rows at once (contiguous runs over r), rather than as one dependent chain of adds and a
+    # scalar tanh per row.
     hidden = w_out_t.shape[1]
+    # the lane count is read from the scratch, not written as a constant: a loop of unknown
+    # length goes to LLVM's loop vectoriser, which checks for overlap at run time, where a
+    # constant 16 is unrolled first and then left scalar (lanes might alias h_top)
+    n_lanes = lanes.shape[1]
+    l0, l1 = lanes[0], lanes[1]
+    w0, w1 = w_out_t[0], w_out_t[1]
     for r in range(b):
         h_top = z_top[r, col : col + hidden]
-        for q in range(16):
-            lanes[0, q] = 0
-            lanes[1, q] = 0
+        for q in range(n_lanes):
+            l0[q] = 0
+            l1[q] = 0
         k0 = 0
-        while k0 + 16 <= hidden:
-            for q in range(16):
-                lanes[0, q] += h_top[k0 + q] * w_out_t[0, k0 + q]
-                lanes[1, q] += h_top[k0 + q] * w_out_t[1, k0 + q]
-            k0 += 16
+        while k0 + n_lanes <= hidden:
+            hk, w0k, w1k = h_top[k0 : k0 + n_lanes], w0[k0 : k0 + n_lanes], w1[k0 : k0 + n_lanes]
+            for q in range(n_lanes):
+                l0[q] += hk[q] * w0k[q]
+                l1[q] += hk[q] * w1k[q]
+            k0 += n_lanes
         for q in range(hidden - k0):
-            lanes[0, q] += h_top[k0 + q] * w_out_t[0, k0 + q]
-            lanes[1, q] += h_top[k0 + q] * w_out_t[1, k0 + q]
+            l0[q] += h_top[k0 + q] * w0[k0 + q]
+            l1[q] += h_top[k0 + q] * w1[k0 + q]
+        for q in range(n_lanes):
+            sums[0, q, r] = l0[q]
+            sums[1, q, r] = l1[q]
+    for d in range(2):
+        acc = sums[d, 16]
+        for r in range(b):
+            acc[r] = b_out[d]
+        for q in range(16):
+            lane = sums[d, q]
+            for r in range(b):
+                acc[r] += lane[r]
+        for r in range(b):
+            acc[r] = _tanh(acc[r])
+    for r in range(b):
         for d in range(2):
-            acc = b_out[d]
-            for q in range(16):
-                acc += lanes[d, q]
-            p_d = _tanh(acc)
-            out[r, d] = p_d
-            z0[r, d] = p_d
+            out[r, d] = sums[d, 16, r]
+            z0[r, d] = sums[d, 16, r]
 
 
 _output_layer_jit = _jit(_output_layer)
@@ -281,6 +309,7 @@ def _rollout_loop(
     g = np.empty((z0.shape[0], 4 * hidden), dtype=z0.dtype)
     no_rows = np.empty((0, 2 * hidden), dtype=z0.dtype)
     lanes = np.zeros((2, 16), dtype=z0.dtype)
+    sums = np.zeros((2, 17, z0.shape[0]), dtype=z0.dtype)
     ints = np.zeros(8, dtype=np.int32)
     scalars = np.zeros(2, dtype=z0.dtype)
     off = 0
@@ -299,7 +328,9 @@ def _rollout_loop(
             z_next = z_up[layer] if layer < n_up else no_rows
             _cell_jit(g, bias[layer], c[layer], b, z, 2 if layer == 0 else hidden, z_next)
         z_top = z_up[n_up - 1] if n_up else z0
-        _output_layer_jit(z_top, hidden if n_up else 2, w_out_t, b_out, b, lanes, out[off:], z0)
+        _output_layer_jit(
+            z_top, hidden if n_up else 2, w_out_t, b_out, b, lanes, sums, out[off:], z0
+        )
         off += b
 
 
