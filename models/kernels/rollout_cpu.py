@@ -57,6 +57,45 @@ from rnnserve.models.kernels.numba_math import fast_sigmoid, fast_tanh
 # hand-written loop. On one core of an AVX-512 Xeon, MKL's gemm already wins at 2 rows and
 # loses to the loop at 1 (bench/rollout_cpu_probe.py --gemm-from 1 2 3).
 GEMM_FROM = 2
+# float32 rollouts with at least this many BLAS steps multiply by weights packed once per call
+# into MKL's own layout (see _mkl_packed_sgemm): packing a layer costs about what a few steps'
+# GEMMs save, so shorter rollouts keep the plain sgemm.
+PACK_FROM_STEPS = 8
+
+
+def _torch_cpu_lib() -> ctypes.CDLL | None:
+    lib_dir = Path(torch.__file__).parent / "lib"
+    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib"):
+        try:
+            return ctypes.CDLL(str(lib_dir / name))
+        except OSError:
+            continue
+    return None
+
+
+def _mkl_packed_sgemm() -> tuple[Any, Any, Any] | None:
+    """MKL's ``sgemm_pack_get_size``, ``sgemm_pack_`` and ``sgemm_compute_`` as ctypes
+    functions, if this torch build exports them (it exports no double-precision ones).
+
+    Every ``sgemm_`` call first copies the weight matrix into MKL's internal blocked layout,
+    work that does not shrink with the active rows, so it dominates the narrow steps of a
+    ragged batch's tail. Packing each layer's weights once per rollout and multiplying with
+    ``sgemm_compute_`` at every step leaves only the multiplication (the same results, bit for
+    bit; bench/rollout_cpu_probe.py --breakdown times both).
+    """
+    lib = _torch_cpu_lib()
+    if lib is None:
+        return None
+    ptr = ctypes.c_void_p
+    try:
+        get_size = ctypes.CFUNCTYPE(ctypes.c_size_t, ptr, ptr, ptr, ptr)(
+            ("sgemm_pack_get_size", lib)
+        )
+        pack = ctypes.CFUNCTYPE(None, *([ptr] * 9))(("sgemm_pack_", lib))
+        compute = ctypes.CFUNCTYPE(None, *([ptr] * 12))(("sgemm_compute_", lib))
+    except AttributeError:
+        return None
+    return get_size, pack, compute
 
 
 def _mkl_gemm() -> tuple[Any, Any] | None:
@@ -178,6 +217,42 @@ def _gemm_mkl(z: Any, w: Any, b: int, g: Any, ints: Any, scalars: Any) -> None:
     )
 
 
+def _gemm_mkl_packed(
+    z: Any, packed: Any, n_out: int, b: int, g: Any, ints: Any, scalars: Any
+) -> None:
+    # g[:b] = z[:b] @ w as _gemm_mkl computes it, from w packed by _pack_weights (transa 'P';
+    # MKL ignores lda then); float32 only. n_out: w's 4H columns.
+    ints[0] = n_out
+    ints[1] = b
+    ints[2] = z.shape[1]
+    ints[3] = n_out
+    ints[4] = z.shape[1]
+    ints[5] = g.shape[1]
+    ints[6] = 80  # 'P'
+    ints[7] = 78  # 'N'
+    scalars[1] = 0
+    _MKL_COMPUTE(
+        ints[6:].ctypes,
+        ints[7:].ctypes,
+        ints[0:].ctypes,
+        ints[1:].ctypes,
+        ints[2:].ctypes,
+        packed.ctypes,
+        ints[3:].ctypes,
+        z.ctypes,
+        ints[4:].ctypes,
+        scalars[1:].ctypes,
+        g.ctypes,
+        ints[5:].ctypes,
+    )
+
+
+def _gemm_unpacked_only(
+    z: Any, packed: Any, n_out: int, b: int, g: Any, ints: Any, scalars: Any
+) -> None:  # pragma: no cover - the loop takes it only for packed weights, never made here
+    raise RuntimeError("this torch build exports no packed sgemm")
+
+
 def _gemm_numpy(z: Any, w: Any, b: int, g: Any, ints: Any, scalars: Any) -> None:
     np.dot(z[:b], w, g[:b])  # numba calls scipy's BLAS
 
@@ -196,6 +271,32 @@ elif _HAVE_SCIPY_BLAS:
 else:  # pragma: no cover - no BLAS reachable from numba: every step takes the hand-written loop
     BLAS = "none"
     _gemm_blas_jit = _jit(_gemm_fallback)
+
+_MKL_PACK = _mkl_packed_sgemm() if _MKL is not None else None
+if _MKL_PACK is not None:
+    _MKL_COMPUTE = _MKL_PACK[2]
+    _gemm_packed_jit = _jit(_gemm_mkl_packed)
+else:  # pragma: no cover - every torch build with MKL's sgemm_ exports these too
+    _gemm_packed_jit = _jit(_gemm_unpacked_only)
+
+
+def _pack_weights(weights: list[np.ndarray[Any, Any]], n_rows: int) -> np.ndarray[Any, Any]:
+    """``[L, S]`` bytes: each layer's ``[K, 4H]`` float32 weights in MKL's packed layout, as the
+    A operand of ``g^T = w^T @ z^T`` (see _gemm_mkl), for products of up to ``n_rows`` rows."""
+    assert _MKL_PACK is not None
+    get_size, pack, _ = _MKL_PACK
+    ref = ctypes.byref
+    ident, trans, alpha = ctypes.c_char(b"A"), ctypes.c_char(b"N"), ctypes.c_float(1.0)
+    dims = [
+        (ctypes.c_int(w.shape[1]), ctypes.c_int(n_rows), ctypes.c_int(w.shape[0])) for w in weights
+    ]
+    sizes = [get_size(ref(ident), ref(m), ref(n), ref(k)) for m, n, k in dims]
+    out = np.empty((len(weights), max(sizes)), dtype=np.uint8)
+    for layer, (w, (m, n, k)) in enumerate(zip(weights, dims, strict=True)):
+        src = np.ascontiguousarray(w, dtype=np.float32)
+        dest = out[layer].ctypes.data_as(ctypes.c_void_p)
+        pack(ref(ident), ref(trans), ref(m), ref(n), ref(k), ref(alpha), src.ctypes, ref(m), dest)
+    return out
 
 
 def _cell(g: Any, bias: Any, c: Any, b: int, z: Any, col: int, z_next: Any) -> None:
@@ -302,6 +403,7 @@ def _rollout_loop(
     c: Any,  # [L, B, H] state in/out
     out: Any,  # [N, 2] positions
     gemm_from: int,
+    packed: Any,  # [L, S] uint8: the weights as _pack_weights lays them out, or [L, 0]: unpacked
 ) -> None:
     hidden = c.shape[2]
     n_up = z_up.shape[0]
@@ -321,7 +423,9 @@ def _rollout_loop(
         for layer in range(n_up + 1):
             z = z0 if layer == 0 else z_up[layer - 1]
             w = w0 if layer == 0 else w_up[layer - 1]
-            if b >= gemm_from:
+            if b >= gemm_from and packed.shape[1] > 0:
+                _gemm_packed_jit(z, packed[layer], w.shape[1], b, g, ints, scalars)
+            elif b >= gemm_from:
                 _gemm_blas_jit(z, w, b, g, ints, scalars)
             else:
                 _gemm_small_jit(z, w, b, g)
@@ -420,6 +524,12 @@ def rollout_packed_numba(
             z_up[layer - 1, :, :hidden] = h[layer - 1]
             z_up[layer - 1, :, hidden:] = h[layer]
     out = np.empty((u.shape[0], 2), dtype=w_up.dtype)
+    gemm_from = GEMM_FROM if gemm_from is None else max(gemm_from, 1)
+    blas_steps = sum(1 for b in batch_sizes if b >= gemm_from)
+    if dtype == torch.float32 and _MKL_PACK is not None and blas_steps >= PACK_FROM_STEPS:
+        packed = _pack_weights([w0, *w_up], b_max)
+    else:
+        packed = np.zeros((num_layers, 0), dtype=np.uint8)
     _rollout_loop_jit(
         arr(u),
         np.asarray(batch_sizes, dtype=np.int64),
@@ -432,7 +542,8 @@ def rollout_packed_numba(
         z_up,
         c,
         out,
-        GEMM_FROM if gemm_from is None else max(gemm_from, 1),
+        gemm_from,
+        packed,
     )
     h_t = np.empty((num_layers, b_max, hidden), dtype=w_up.dtype)
     h_t[0] = z0[:, 2 : 2 + hidden]

@@ -157,3 +157,64 @@ def test_auto_picks_numba_on_the_cpu() -> None:
     fn, name = rollout_backend_fn("auto", torch.device("cpu"))
     assert name == "numba"
     assert fn is rollout_cpu.rollout_packed_numba
+
+
+needs_packed_sgemm = pytest.mark.skipif(
+    getattr(rollout_cpu, "_MKL_PACK", None) is None, reason="this torch build packs no sgemm"
+)
+
+
+@needs_packed_sgemm
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_long_float32_rollouts_multiply_by_weights_packed_once(
+    layers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packed once per call, one slab per layer; with state, ragged, through MKL's compute."""
+    calls: list[int] = []
+    real = rollout_cpu._pack_weights
+
+    def spy(weights: list[object], n_rows: int) -> object:
+        calls.append(len(weights))
+        return real(weights, n_rows)
+
+    monkeypatch.setattr(rollout_cpu, "_pack_weights", spy)
+    weights = bent_weights(20, layers, torch.float32)
+    u, sizes = packed_inputs([30, 25, 12, 12, 5, 2], torch.float32)
+    state = random_state(layers, sizes[0], 20, torch.float32)
+    assert sum(b >= 2 for b in sizes) >= rollout_cpu.PACK_FROM_STEPS
+    with torch.inference_mode():
+        want = rollout_packed(u, sizes, *weights, *state)
+        got = rollout_cpu.rollout_packed_numba(u, sizes, *weights, *state, gemm_from=2)
+    assert calls == [layers]
+    assert_same(got, want, torch.float32)
+
+
+@needs_packed_sgemm
+def test_short_or_float64_rollouts_keep_the_plain_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object) -> None:
+        raise AssertionError("packed")
+
+    monkeypatch.setattr(rollout_cpu, "_pack_weights", refuse)
+    steps = rollout_cpu.PACK_FROM_STEPS - 1
+    for dtype, lengths in ((torch.float32, [steps, steps, 3]), (torch.float64, [40, 30, 20])):
+        weights = bent_weights(16, 2, dtype)
+        u, sizes = packed_inputs(lengths, dtype)
+        with torch.inference_mode():
+            want = rollout_packed(u, sizes, *weights)
+            got = rollout_cpu.rollout_packed_numba(u, sizes, *weights, gemm_from=2)
+        assert_same(got, want, dtype)
+
+
+@needs_packed_sgemm
+def test_packed_and_plain_gemm_give_the_same_rollout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same ragged float32 rollout with the weights packed and not: the same results (MKL
+    computes both with the same kernels; allowed a rounding apart, not asserted bit for bit)."""
+    weights = bent_weights(32, 2, torch.float32)
+    u, sizes = packed_inputs([40, 33, 33, 20, 9, 9, 8, 1], torch.float32)
+    state = random_state(2, sizes[0], 32, torch.float32)
+    runs = []
+    for pack_from in (1, 10**9):
+        monkeypatch.setattr(rollout_cpu, "PACK_FROM_STEPS", pack_from)
+        runs.append(rollout_cpu.rollout_packed_numba(u, sizes, *weights, *state))
+    for packed, plain in zip(*runs, strict=True):
+        torch.testing.assert_close(packed, plain, atol=1e-6, rtol=0)
