@@ -12,7 +12,8 @@ the number of active rows ``b`` (the crossover bench/rollout_cpu_probe.py measur
   vectorises, and the step streams the ~0.8 MB of weights from cache once;
 - more rows: BLAS ``gemm``, called from inside the loop: MKL's ``sgemm_``/``dgemm_`` where the
   torch build exports them (x86-64 Linux wheels), else ``np.dot`` (numba calls scipy's BLAS),
-  else the hand-written loop.
+  else the hand-written loop. float32 rollouts of at least ``PACK_FROM_STEPS`` such steps
+  multiply by weights packed once per call into MKL's own layout (``sgemm_compute_``).
 
 The gate nonlinearities and the cell update of a layer run in one fused loop.
 
@@ -23,7 +24,7 @@ not touched again, so each sequence's final state is simply what its rows hold a
 Each step copies its input rows ``u_t`` into ``z0``, so layer 0's input projection is part of
 that step's GEMM (a few more columns of ``K``) rather than one ``[N, 4H]`` product made up front:
 that array is many times the size of the caches for a long batch, so writing it (into freshly
-faulted pages) and reading it back row by row cost more than the projection itself.
+faulted pages) and reading it back cost far more than the few extra columns of ``K``.
 
 Activations: float64 uses libm's ``tanh`` and ``exp`` (the conformance tests compare at 1e-10).
 float32 uses a rational ``tanh`` (Eigen's ``generic_fast_tanh_float``, |error| < 4e-7; pure
