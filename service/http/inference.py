@@ -160,13 +160,13 @@ class Call:
         endpoint: Endpoint,
         path_model: str | None,
         gauge: Gauge,
-        model_label: str = "unknown",  # the default model, until the body or path names one
     ) -> None:
         self.request = request
         self.endpoint = endpoint
         self.path_model = path_model
         self.gauge = gauge
-        self.model_label = model_label
+        # the metrics' model label until the body or path names the model: the endpoint's kind
+        self.model_label = endpoint.kind or "unknown"
         self.started = time.perf_counter()
         self.headers: dict[str, str] = {}  # the answer's
         self.held = Held()
@@ -193,7 +193,7 @@ def begin_call(request: Request, endpoint: Endpoint, path_model: str | None) -> 
     metrics: Metrics = request.app.state.metrics
     gauge = metrics.child(metrics.in_flight, endpoint.label)
     gauge.inc()
-    call = Call(request, endpoint, path_model, gauge, model_label=endpoint.kind or "unknown")
+    call = Call(request, endpoint, path_model, gauge)
     # this request's task and those it starts: the batchers log its failure with the id
     call.context = open_request(_request_id(call.given_id))
     call.headers[REQUEST_ID_HEADER] = call.rid

@@ -225,3 +225,41 @@ def test_other_bodies_are_read_whole_without_a_safetensors_check(
     endpoint: Endpoint, ctype: str
 ) -> None:
     assert _read_request_body(endpoint, ctype) == PAST_ITS_END
+
+
+class _Runtime:
+    """A runtime serving ``models`` (name -> kind); ``get`` as the real one for a known name."""
+
+    def __init__(self, **models: str) -> None:
+        self.models = {n: SimpleNamespace(kind=k) for n, k in models.items()}
+
+    def get(self, name: str) -> Any:
+        return self.models[name]
+
+
+def _choosing(endpoint: Endpoint, runtime: _Runtime, path_model: str | None = None) -> Any:
+    state = SimpleNamespace(runtime=runtime, settings=Settings())
+    return SimpleNamespace(
+        endpoint=endpoint, path_model=path_model, state=state, where=("model",), model_label="?"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "other"), [("traveller", "POST /rollout"), ("recurrent", "POST /models/mine/infer")]
+)
+def test_a_model_of_another_kind_is_refused_with_the_endpoint_that_serves_it(
+    kind: str, other: str
+) -> None:
+    call = _choosing(endpoints.SMOOTH, _Runtime(mine=kind))
+    with pytest.raises(RequestError) as err:
+        inference.choose_model(call, "mine")
+    assert (err.value.type, err.value.loc) == ("wrong_model_kind", ("model",))
+    assert err.value.message == f"model 'mine' is a {kind} model; send it to {other}"
+
+
+def test_the_model_named_in_the_path_is_chosen_and_labels_the_request() -> None:
+    call = _choosing(endpoints.INFER, _Runtime(mine="recurrent", other="smoother"), "mine")
+    name, served = inference.choose_model(call, None)
+    assert (name, served.kind, call.model_label, call.where) == (
+        "mine", "recurrent", "mine", ("path", "name")
+    )  # fmt: skip
