@@ -5,6 +5,8 @@
 #                                             # the inference steps, streaming, packing, loader
 #   scripts/mutation.sh service/engine/batcher.py   # one or more modules (paths under models/ or service/)
 #   scripts/mutation.sh all                   # the core, then smoothing, traveller and the kernels
+#   MUTATION_NAMES="rnnserve.service.http.inference.x_choose_model*" scripts/mutation.sh service/http/inference.py
+#                                             # only the mutants named (globs as mutmut takes them)
 #
 # Each module runs in its own copy of the working tree, .mutation/<module>/ (git-ignored), against
 # the subset of tests listed below, under `nice -n 19` with MUTATION_JOBS workers (default 1, for
@@ -162,8 +164,12 @@ EOF
 
   echo "== $module: mutmut against ${tests[*]}"
   local started=$SECONDS
+  # MUTATION_NAMES: only these mutants (mutmut's names or globs, space-separated), e.g. the
+  # functions a change touched: "rnnserve.service.http.inference.x_choose_model*"
+  local names=()
+  read -r -a names <<<"${MUTATION_NAMES:-}"
   (cd "$work" && in_background nice -n 19 "$ROOT/.venv/bin/mutmut" run --max-children "$JOBS" \
-    >run.log 2>&1) || {
+    "${names[@]}" >run.log 2>&1) || {
     echo "mutmut failed for $module; see $work/run.log" >&2
     tail -20 "$work/run.log" >&2
     return 1
