@@ -105,13 +105,18 @@ def report(module: str, seconds: str, tests: list[str]) -> None:
     results = statuses()
     counts = Counter(results.values())
     caught = sum(n for s, n in counts.items() if s in CAUGHT)
-    not_caught = {k: s for k, s in results.items() if s not in CAUGHT and s != "skipped"}
+    # "not checked": never run, as when MUTATION_NAMES chose others or the run was stopped;
+    # neither killed nor alive, so counted apart and left out of the score
+    not_run = counts.get("not checked", 0)
+    left_out = ("skipped", "not checked")
+    not_caught = {k: s for k, s in results.items() if s not in CAUGHT and s not in left_out}
     equiv = {k for k in not_caught if k in equivalent}
     scored = caught + len(not_caught) - len(equiv)
     score = 100.0 * caught / scored if scored else 100.0
     print(
-        f"{module}: {len(results)} mutants, {caught} killed, {len(equiv)} equivalent, "
-        f"{len(not_caught) - len(equiv)} not killed -> {score:.1f}% of non-equivalent killed"
+        f"{module}: {len(results)} mutants ({len(results) - not_run} run), {caught} killed, "
+        f"{len(equiv)} equivalent, {len(not_caught) - len(equiv)} not killed -> {score:.1f}% "
+        "of the non-equivalent that ran killed"
     )
     print("  by status: " + ", ".join(f"{s} {n}" for s, n in sorted(counts.items())))
     print(f"  tests: {' '.join(tests)}; {seconds} s")
