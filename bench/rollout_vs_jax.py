@@ -32,6 +32,7 @@ import functools
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -166,10 +167,15 @@ def _sample(case: Case, number: int) -> tuple[float, float]:
 
 
 def measure_both(cases: Sequence[Case], rounds: int, sample_s: float) -> dict[str, Any]:
-    """Each case warmed up, then timed in ``rounds`` rotated round-robin rounds, each sample
-    about ``sample_s`` long: the wall-clock seconds per call (``samples``) and the process's
-    CPU seconds per call (``cpu``). Pinned to one core, the CPU time is the time the process
-    had the core: what the wall clock would read on a machine nobody else was using."""
+    """Each case warmed up, then timed in ``rounds`` rounds, each sample about ``sample_s``
+    long: the wall-clock seconds per call (``samples``) and the process's CPU seconds per call
+    (``cpu``). Pinned to one core, the CPU time is the time the process had the core: what the
+    wall clock would read on a machine nobody else was using.
+
+    Each round runs the cases in a new order (shuffled, fixed seed), and a sample of one call
+    comes after an untimed call of the same case: a timed call would otherwise find the caches
+    as the case before it left them (a JAX case's padded arrays, a numba case's weights), and in
+    a rotation, which keeps the cyclic order, always the same case before it."""
     numbers = {}
     for case in cases:
         once = min(_sample(case, 1)[1] for _ in range(3))
@@ -177,9 +183,13 @@ def measure_both(cases: Sequence[Case], rounds: int, sample_s: float) -> dict[st
     out: dict[str, Any] = {
         c.name: {"samples": [], "cpu": [], "number": numbers[c.name]} for c in cases
     }
-    for r in range(rounds):
-        k = r % len(cases)
-        for case in [*cases[k:], *cases[:k]]:
+    order = list(cases)
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for case in order:
+            if numbers[case.name] == 1:
+                case.wait(case.fn())
             wall, cpu = _sample(case, numbers[case.name])
             out[case.name]["samples"].append(wall)
             out[case.name]["cpu"].append(cpu)

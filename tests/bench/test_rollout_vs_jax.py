@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +141,31 @@ def test_quick_run_writes_its_section(tmp_path: Path) -> None:
     for row in rows:
         assert float(row.strip("|").split("|")[-1]) < 1e-5  # checked against float64
     assert "GFLOP/s**, the theoretical peak of one core" in text
+
+
+def test_rounds_shuffle_the_cases_and_warm_each_one_call_sample() -> None:
+    """No case always follows the same other one (a rotation keeps the cyclic order, and the
+    case after a cache-thrashing one pays for it), and a sample of one call comes right after
+    an untimed call of the same case."""
+    calls: list[str] = []
+
+    def slow(name: str) -> rvj.Case:
+        def fn() -> None:
+            calls.append(name)
+            end = time.process_time() + 0.004  # one call per 1 ms sample
+            while time.process_time() < end:
+                pass
+
+        return rvj.Case(name, fn)
+
+    cases = [slow(n) for n in "abcd"]
+    rounds = 12
+    out = rvj.measure_both(cases, rounds, sample_s=0.001)
+    assert all(len(out[n]["cpu"]) == rounds for n in "abcd")
+    timed = calls[3 * len(cases) :]  # after the 3 calibration calls of each case
+    assert len(timed) == 2 * rounds * len(cases)
+    pairs = [timed[i : i + 2] for i in range(0, len(timed), 2)]
+    assert all(first == second for first, second in pairs)  # the untimed call, then the timed
+    order = [first for first, _ in pairs]
+    before_a = {order[i - 1] for i in range(1, len(order)) if order[i] == "a"}
+    assert len(before_a) > 1
