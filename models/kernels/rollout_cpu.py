@@ -475,25 +475,21 @@ def _check_shapes(
         raise ValueError("batch_sizes must be non-increasing")
 
 
-def rollout_packed_numba(
-    u: Tensor,  # [N, num_inputs]: packed rows, time-major, longest sequence first
-    batch_sizes: list[int],  # [T]: active sequences per step, non-increasing
-    w_cat: list[Tensor],  # per layer: [in + H, 4H]; rows (x, h_l), layer 0: (p, h_0, u)
-    bias: list[Tensor],  # per layer: [4H] = b_ih + b_hh
-    w_out: Tensor,  # [H, 2]
-    b_out: Tensor,  # [2]
-    h0: Tensor | None = None,  # [L, B, H] initial h, packed (sorted) order; None: zeros
-    c0: Tensor | None = None,  # [L, B, H] initial c; None: zeros
-    p0: Tensor | None = None,  # [B, 2] position fed back at the first step; None: zeros
-    *,
-    gemm_from: int | None = None,  # BLAS from this many active rows on; None: GEMM_FROM
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`rnnserve.models.traveller.rollout_packed` as one compiled CPU loop (float32 or
-    float64).
-
-    Returns the ``[N, 2]`` packed positions and the final state ``(h_T, c_T, p_T)``, each
-    sequence's state after its own last step. CPU tensors only; not differentiable.
-    """
+def loop_arguments(
+    u: Tensor,
+    batch_sizes: list[int],
+    w_cat: list[Tensor],
+    bias: list[Tensor],
+    w_out: Tensor,
+    b_out: Tensor,
+    h0: Tensor | None = None,
+    c0: Tensor | None = None,
+    p0: Tensor | None = None,
+    gemm_from: int | None = None,
+) -> dict[str, Any]:
+    """The compiled loop's arguments, by its parameters' names and in their order, for
+    :func:`rollout_packed_numba`'s arguments (checked here): the weights in the loop's layout
+    and the state buffers, which the loop updates in place."""
     if u.device.type != "cpu":
         raise ValueError(f"the numba rollout runs on CPU tensors, got {u.device}")
     if u.dtype not in (torch.float32, torch.float64):
@@ -531,22 +527,47 @@ def rollout_packed_numba(
         packed = _pack_weights([w0, *w_up], b_max)
     else:
         packed = np.zeros((num_layers, 0), dtype=np.uint8)
-    _rollout_loop_jit(
-        arr(u),
-        np.asarray(batch_sizes, dtype=np.int64),
-        w0,
-        w_up,
-        arr(torch.stack(bias)),
-        arr(w_out.t()),
-        arr(b_out),
-        z0,
-        z_up,
-        c,
-        out,
-        gemm_from,
-        packed,
-    )
-    h_t = np.empty((num_layers, b_max, hidden), dtype=w_up.dtype)
+    return {
+        "u": arr(u),
+        "batch_sizes": np.asarray(batch_sizes, dtype=np.int64),
+        "w0": w0,
+        "w_up": w_up,
+        "bias": arr(torch.stack(bias)),
+        "w_out_t": arr(w_out.t()),
+        "b_out": arr(b_out),
+        "z0": z0,
+        "z_up": z_up,
+        "c": c,
+        "out": out,
+        "gemm_from": gemm_from,
+        "packed": packed,
+    }
+
+
+def rollout_packed_numba(
+    u: Tensor,  # [N, num_inputs]: packed rows, time-major, longest sequence first
+    batch_sizes: list[int],  # [T]: active sequences per step, non-increasing
+    w_cat: list[Tensor],  # per layer: [in + H, 4H]; rows (x, h_l), layer 0: (p, h_0, u)
+    bias: list[Tensor],  # per layer: [4H] = b_ih + b_hh
+    w_out: Tensor,  # [H, 2]
+    b_out: Tensor,  # [2]
+    h0: Tensor | None = None,  # [L, B, H] initial h, packed (sorted) order; None: zeros
+    c0: Tensor | None = None,  # [L, B, H] initial c; None: zeros
+    p0: Tensor | None = None,  # [B, 2] position fed back at the first step; None: zeros
+    *,
+    gemm_from: int | None = None,  # BLAS from this many active rows on; None: GEMM_FROM
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`rnnserve.models.traveller.rollout_packed` as one compiled CPU loop (float32 or
+    float64).
+
+    Returns the ``[N, 2]`` packed positions and the final state ``(h_T, c_T, p_T)``, each
+    sequence's state after its own last step. CPU tensors only; not differentiable.
+    """
+    args = loop_arguments(u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0, gemm_from)
+    _rollout_loop_jit(*args.values())
+    z0, z_up, c, out = args["z0"], args["z_up"], args["c"], args["out"]
+    num_layers, b_max, hidden = c.shape
+    h_t = np.empty((num_layers, b_max, hidden), dtype=c.dtype)
     h_t[0] = z0[:, 2 : 2 + hidden]
     for layer in range(1, num_layers):
         h_t[layer] = z_up[layer - 1, :, hidden:]
