@@ -3,7 +3,7 @@
 Usage (one core, as the figures in the numba kernel's docs were taken)::
 
     OMP_NUM_THREADS=1 XLA_FLAGS="--xla_cpu_multi_thread_eigen=false" \\
-        taskset -c 1 python -m bench.rollout_cpu_probe [--rounds 15] [--gemm-from N ...]
+        taskset -c 1 python -m bench.rollout_cpu_probe [--rounds 15] [--gemm-from N ...] [--planned]
 
 Default model shapes (num_inputs 6, hidden 128, 2 layers), float32. For B > 1 the lengths are
 spread evenly from T down to T/2 and packed. Implementations are timed in interleaved rounds;
@@ -26,7 +26,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rnnserve.models.kernels.rollout_cpu import GEMM_FROM, rollout_packed_numba
+from rnnserve.models.kernels.rollout_cpu import (
+    GEMM_FROM,
+    PlannedRollout,
+    describe_routes,
+    plan_routes,
+    rollout_packed_numba,
+)
 from rnnserve.models.packing import pack
 from rnnserve.models.traveller import Traveller, TravellerConfig, scripted_rollout
 
@@ -96,7 +102,14 @@ def clock(fn: Callable[[], object], min_s: float = 0.02) -> float:
             return elapsed / n
 
 
-def probe(batch: int, steps: int, rounds: int, gemm_froms: Sequence[int], use_jax: bool) -> None:
+def probe(
+    batch: int,
+    steps: int,
+    rounds: int,
+    gemm_froms: Sequence[int],
+    use_jax: bool,
+    planned: bool = False,
+) -> None:
     torch.manual_seed(0)
     cfg = TravellerConfig()
     model = Traveller(cfg.num_inputs, cfg.hidden_size, cfg.num_layers).eval().requires_grad_(False)
@@ -121,6 +134,12 @@ def probe(batch: int, steps: int, rounds: int, gemm_froms: Sequence[int], use_ja
         cases[f"numba gemm_from={gf}"] = lambda gf=gf: rollout_packed_numba(  # type: ignore[misc]
             x.data, sizes, *weights, gemm_from=gf
         )
+    if planned:
+        planned_fn = PlannedRollout(plan_routes(weights[0]))
+        print(f"  plan: {describe_routes(planned_fn.routes)}")
+        err = float((planned_fn(x.data, sizes, *weights)[0] - want).abs().max())
+        print(f"  numba planned: max |diff| vs TorchScript {err:.1e}")
+        cases["numba planned"] = lambda: planned_fn(x.data, sizes, *weights)
     if use_jax:
         import jax
 
@@ -156,6 +175,7 @@ def main() -> None:
     ap.add_argument("--gemm-from", type=int, nargs="*", default=[GEMM_FROM])
     ap.add_argument("--shape", type=str, nargs="*", default=["1x1000", "64x500"])
     ap.add_argument("--no-jax", action="store_true")
+    ap.add_argument("--planned", action="store_true", help="also the rollout with plan_routes")
     ap.add_argument("--breakdown", action="store_true", help="time a step's pieces apart")
     ap.add_argument("--gemm-pad", type=int, nargs="*", default=[], help="with --breakdown")
     ap.add_argument("--versions", nargs="*", default=[], help="kernel files to A/B against")
@@ -176,7 +196,7 @@ def main() -> None:
     for shape in args.shape:
         batch, steps = (int(v) for v in shape.split("x"))
         print(f"B={batch} T={steps}")
-        probe(batch, steps, args.rounds, args.gemm_from, not args.no_jax)
+        probe(batch, steps, args.rounds, args.gemm_from, not args.no_jax, args.planned)
 
 
 if __name__ == "__main__":

@@ -33,17 +33,12 @@ from rnnserve.models.packing import pack
 
 
 def _repeat_gemm(
-    z: Any, w: Any, packed: Any, b: int, g: Any, ints: Any, scalars: Any, n: int
+    route: Any, z: Any, w: Any, packed: Any, b: int, g: Any, ints: Any, scalars: Any, n: int
 ) -> None:
-    # the loop's own choice: the hand-written loop below GEMM_FROM rows, else packed weights
-    # where it has them (packed: [S] bytes), else sgemm_
+    # the loop's own dispatch on the route it takes at b rows (packed: [S] bytes, or none)
+    longs = np.zeros(9, np.int64)
     for _ in range(n):
-        if b < rc.GEMM_FROM:
-            rc._gemm_small_jit(z, w, b, g)
-        elif packed.shape[0] > 0:
-            rc._gemm_packed_jit(z, packed, w.shape[1], b, g, ints, scalars)
-        else:
-            rc._gemm_blas_jit(z, w, b, g, ints, scalars)
+        rc._gemm_route_jit(route, z, w, packed, b, g, ints, longs, scalars)
 
 
 def _repeat_cell(g: Any, add: Any, c: Any, b: int, z: Any, col: int, z_next: Any, n: int) -> None:
@@ -111,10 +106,13 @@ def piece_times(
     no_rows = np.empty((0, 2 * hidden), np.float32)
     rows = b if gemm_rows is None else gemm_rows
     p0, p1 = a["packed"] if packed else np.zeros((2, 0), np.uint8)
+    r0, r1 = a["routes"][:, min(rows, a["routes"].shape[1] - 1)]  # the route the rollout takes
     bias, w_up, pre = a["bias"], a["w_up"][0], g + 0.1
     gemms = {
-        "gemm 0": cpu_seconds(lambda n: repeat_gemm(z0, a["w0"], p0, rows, g, ints, scalars, n)),
-        "gemm 1": cpu_seconds(lambda n: repeat_gemm(z1, w_up, p1, rows, g, ints, scalars, n)),
+        "gemm 0": cpu_seconds(
+            lambda n: repeat_gemm(r0, z0, a["w0"], p0, rows, g, ints, scalars, n)
+        ),
+        "gemm 1": cpu_seconds(lambda n: repeat_gemm(r1, z1, w_up, p1, rows, g, ints, scalars, n)),
     }
     if not packed:
         return gemms
@@ -143,7 +141,7 @@ def whole_times(base: Any, x: Any, a: dict[str, Any], rounds: int) -> dict[str, 
             *(a[k] for k in keys),
             *(state[k] for k in ("z0", "z_up", "c")),
             a["out"],
-            rc.GEMM_FROM,
+            a["routes"],
             a["packed"],
         )
 

@@ -280,6 +280,8 @@ def describe(model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, Traveller)
         shapes = {"input": ["T", model.num_inputs], "output": ["T", 2]}
         config["rollout_backend"] = model.rollout_backend
+        if model.rollout_routes is not None:
+            config["rollout_routes"] = model.rollout_routes
     # a TorchScript module may hold no parameters at all (only buffers or constants)
     first = next(iter([*model.parameters(), *model.buffers()]), torch.empty(0))
     return {

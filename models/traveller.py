@@ -219,6 +219,24 @@ class Traveller(nn.Module):
         """Choose the rollout implementation (see :func:`rollout_backend_fn`)."""
         device = next(self.parameters()).device
         self._rollout_fn, self.rollout_backend = rollout_backend_fn(backend, device)
+        if self.rollout_backend == "numba":
+            from rnnserve.models.kernels.rollout_cpu import PlannedRollout, plan_routes
+
+            # each layer's fastest GEMM route at each narrow width, measured on this machine
+            with torch.no_grad():
+                w_cat = self.fused_weights()[0]
+            self._rollout_fn = PlannedRollout(plan_routes(w_cat, torch.float32))
+
+    @property
+    def rollout_routes(self) -> str | None:
+        """The numba rollout's GEMM route of each layer at each narrow width, as
+        :func:`compile_rollout` measured them on this machine; None for the other backends."""
+        routes = getattr(self._rollout_fn, "routes", None)
+        if routes is None:
+            return None
+        from rnnserve.models.kernels.rollout_cpu import describe_routes
+
+        return describe_routes(routes)
 
     def fused_weights(self) -> FusedWeights:
         """Weights in the layout :func:`rollout_packed` takes (see its argument comments).

@@ -130,9 +130,11 @@ def model_line(name: str, info: Mapping[str, Any]) -> str:
             backend = "numba" if numba_available() else "torch"
         else:
             backend = "triton" if triton_available() else "torch"
+    routes = config.get("rollout_routes") if isinstance(config, Mapping) else None
     return (
         f"model {name}: {kind} on {device}, backend {backend or 'torch'}, "
         f"{info.get('parameters', '?')} parameters"
+        + (f" (GEMM routes: {routes})" if routes else "")
     )
 
 

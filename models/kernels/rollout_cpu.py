@@ -4,16 +4,25 @@
 :func:`rnnserve.models.traveller.rollout_packed` (same arguments, same weight layout, same results);
 the whole time loop runs in one numba call that releases the GIL, so it runs in the service's worker
 thread without holding up the event loop. A layer's gates ``[b, 4H] = z[:b] @ W`` come, per step,
-from one of two places, chosen by
-the number of active rows ``b`` (the crossover bench/rollout_cpu_probe.py measures on one core):
+from one of three routes, chosen by the layer and the number of active rows ``b``:
 
-- one row (``b < GEMM_FROM``): a hand-written matrix-vector loop. Eight weight rows at a time
-  are scaled into the ``4H`` outputs; the inner loop runs over contiguous outputs, so it
-  vectorises, and the step streams the ~0.8 MB of weights from cache once;
-- more rows: BLAS ``gemm``, called from inside the loop: MKL's ``sgemm_``/``dgemm_`` where the
-  torch build exports them (x86-64 Linux wheels), else ``np.dot`` (numba calls scipy's BLAS),
-  else the hand-written loop. float32 rollouts of at least ``PACK_FROM_STEPS`` such steps
-  multiply by weights packed once per call into MKL's own layout (``sgemm_compute_``).
+- a hand-written matrix-vector loop. Eight weight rows at a time are scaled into the ``4H``
+  outputs; the inner loop runs over contiguous outputs, so it vectorises, and the step streams
+  the ~0.8 MB of weights from cache once;
+- MKL's ``sgemm_``/``dgemm_``, called from inside the loop, where the torch build exports them
+  (x86-64 Linux wheels), else ``np.dot`` (numba calls scipy's BLAS), else the hand-written loop.
+  float32 rollouts of at least ``PACK_FROM_STEPS`` such steps multiply by weights packed once
+  per call into MKL's own layout (``sgemm_compute_``);
+- numpy's own OpenBLAS (``gemv`` at one row, else ``gemm``), where numpy's wheel bundles it.
+  Its small-matrix kernels run narrow products several times faster than MKL on some CPUs
+  (AMD's) and not on others, so this route is only taken where it was measured faster.
+
+Unplanned, a step takes the loop below ``GEMM_FROM`` rows and MKL from there on.
+:func:`plan_routes` measures the three routes on this machine for a model's layer shapes at each
+width up to ``PLAN_WIDTHS`` rows (a fraction of a second, once, at load time, as FFTW's planner or
+cuDNN's benchmark mode do) and :func:`planned_rollout` binds the fastest to the rollout. The
+routes round differently (each within float32's precision), so two processes whose plans differ
+at some width give results that differ in the last bits there.
 
 The gate nonlinearities and the cell update of a layer run in one fused loop.
 
@@ -37,9 +46,13 @@ Compiling takes seconds, once per process and dtype: :func:`compile_for` does it
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import importlib.util
 import itertools
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +67,18 @@ except ImportError as exc:  # pragma: no cover - exercised only where numba is m
 
 from rnnserve.models.kernels.numba_math import fast_sigmoid, fast_tanh
 
-# From this many active rows on, a step's gates come from BLAS gemm; below it, from the
-# hand-written loop. On one core of an AVX-512 Xeon, MKL's gemm already wins at 2 rows and
-# loses to the loop at 1 (bench/rollout_cpu_probe.py --gemm-from 1 2 3).
+# Unplanned, a step's gates come from MKL's gemm from this many active rows on and from the
+# hand-written loop below it. On one core of an AVX-512 Xeon, MKL's gemm already wins at 2 rows
+# and loses to the loop at 1 (bench/rollout_cpu_probe.py --gemm-from 1 2 3).
 GEMM_FROM = 2
+# The routes of a step's GEMM: the loop's `routes[layer, b]` holds one of these
+ROUTE_LOOP, ROUTE_MKL, ROUTE_OPENBLAS = 0, 1, 2
+ROUTE_NAMES = ("loop", "mkl", "openblas")
+# plan_routes measures widths 1..PLAN_WIDTHS; wider steps take MKL, where every BLAS measured
+# here reaches the same speed
+PLAN_WIDTHS = 32
+# a plan leaves a width on its unplanned route unless another is faster by more than this
+PLAN_MARGIN = 0.9
 # float32 rollouts with at least this many BLAS steps multiply by weights packed once per call
 # into MKL's own layout (see _mkl_packed_sgemm): packing a layer costs about what a few steps'
 # GEMMs save, so shorter rollouts keep the plain sgemm.
@@ -103,9 +124,9 @@ def _mkl_gemm() -> tuple[Any, Any] | None:
     """MKL's Fortran ``sgemm_``/``dgemm_`` as ctypes functions, if this torch build exports them.
 
     PyTorch's x86-64 Linux wheels link MKL statically into ``libtorch_cpu`` and export its BLAS
-    interface; on one core it runs these small GEMMs faster than scipy's OpenBLAS
-    (bench/rollout_cpu_probe.py measures both; figures in docs/BENCHMARKS.md). MKL's
-    threads follow torch's (``torch.set_num_threads``), as the service sets them.
+    interface; on one core it runs these GEMMs at 16 rows and more at least as fast as OpenBLAS
+    (figures in docs/BENCHMARKS.md). MKL's threads follow torch's (``torch.set_num_threads``),
+    as the service sets them.
     """
     lib_dir = Path(torch.__file__).parent / "lib"
     for name in ("libtorch_cpu.so", "libtorch_cpu.dylib"):
@@ -281,6 +302,95 @@ else:  # pragma: no cover - every torch build with MKL's sgemm_ exports these to
     _gemm_packed_jit = _jit(_gemm_unpacked_only)
 
 
+def _numpy_openblas() -> tuple[Any, Any, Any, Any, Any] | None:
+    """numpy's own OpenBLAS, which numpy's Linux wheels bundle as ``scipy_openblas64_`` (64-bit
+    integers, prefixed names): its ``sgemm_``, ``dgemm_``, ``sgemv_``, ``dgemv_`` and its
+    thread-local thread count, as ctypes functions; None where numpy was built otherwise."""
+    libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    ptr = ctypes.c_void_p
+    for path in sorted(libs.glob("libscipy_openblas64_*.so")):
+        try:
+            lib = ctypes.CDLL(str(path))
+            gemm = ctypes.CFUNCTYPE(None, *([ptr] * 13))
+            gemv = ctypes.CFUNCTYPE(None, *([ptr] * 11))
+            threads = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+            return (
+                gemm(("scipy_sgemm_64_", lib)),
+                gemm(("scipy_dgemm_64_", lib)),
+                gemv(("scipy_sgemv_64_", lib)),
+                gemv(("scipy_dgemv_64_", lib)),
+                threads(("openblas_set_num_threads_local", lib)),
+            )
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def _gemm_openblas(z: Any, w: Any, b: int, g: Any, longs: Any, scalars: Any) -> None:
+    # g[:b] = z[:b] @ w through numpy's OpenBLAS, column-major as in _gemm_mkl; one row is a
+    # gemv, g[0]^T = w^T @ z[0]^T. longs: int64 [9] scratch (m, n, k, lda, ldb, ldc, 'N', 'N',
+    # and the vectors' stride 1); scalars: [2] scratch, g's dtype
+    longs[0] = w.shape[1]
+    longs[1] = b
+    longs[2] = w.shape[0]
+    longs[3] = w.shape[1]
+    longs[4] = z.shape[1]
+    longs[5] = g.shape[1]
+    longs[6] = 78  # 'N'
+    longs[7] = 78
+    longs[8] = 1
+    scalars[0] = 1
+    scalars[1] = 0
+    if b == 1:
+        fn_v = _OPENBLAS_SGEMV if g.itemsize == 4 else _OPENBLAS_DGEMV
+        fn_v(
+            longs[6:].ctypes,
+            longs[0:].ctypes,
+            longs[2:].ctypes,
+            scalars[0:].ctypes,
+            w.ctypes,
+            longs[3:].ctypes,
+            z.ctypes,
+            longs[8:].ctypes,
+            scalars[1:].ctypes,
+            g.ctypes,
+            longs[8:].ctypes,
+        )
+        return
+    fn = _OPENBLAS_SGEMM if g.itemsize == 4 else _OPENBLAS_DGEMM
+    fn(
+        longs[6:].ctypes,
+        longs[7:].ctypes,
+        longs[0:].ctypes,
+        longs[1:].ctypes,
+        longs[2:].ctypes,
+        scalars[0:].ctypes,
+        w.ctypes,
+        longs[3:].ctypes,
+        z.ctypes,
+        longs[4:].ctypes,
+        scalars[1:].ctypes,
+        g.ctypes,
+        longs[5:].ctypes,
+    )
+
+
+def _gemm_no_openblas(  # pragma: no cover - plan_routes never picks a route this build lacks
+    z: Any, w: Any, b: int, g: Any, longs: Any, scalars: Any
+) -> None:
+    _gemm_small_jit(z, w, b, g)
+
+
+_OPENBLAS = _numpy_openblas()
+if _OPENBLAS is not None:
+    _OPENBLAS_SGEMM, _OPENBLAS_DGEMM, _OPENBLAS_SGEMV, _OPENBLAS_DGEMV, _OPENBLAS_THREADS = (
+        _OPENBLAS
+    )
+    _gemm_openblas_jit = _jit(_gemm_openblas)
+else:  # pragma: no cover - numpy built against another BLAS (macOS: Accelerate)
+    _gemm_openblas_jit = _jit(_gemm_no_openblas)
+
+
 def _pack_weights(weights: list[np.ndarray[Any, Any]], n_rows: int) -> np.ndarray[Any, Any]:
     """``[L, S]`` bytes: each layer's ``[K, 4H]`` float32 weights in MKL's packed layout, as the
     A operand of ``g^T = w^T @ z^T`` (see _gemm_mkl), for products of up to ``n_rows`` rows."""
@@ -298,6 +408,23 @@ def _pack_weights(weights: list[np.ndarray[Any, Any]], n_rows: int) -> np.ndarra
         dest = out[layer].ctypes.data_as(ctypes.c_void_p)
         pack(ref(ident), ref(trans), ref(m), ref(n), ref(k), ref(alpha), src.ctypes, ref(m), dest)
     return out
+
+
+def _gemm_route(
+    route: int, z: Any, w: Any, packed: Any, b: int, g: Any, ints: Any, longs: Any, scalars: Any
+) -> None:
+    # g[:b] = z[:b] @ w by `route`; packed: this layer's packed weights, or no bytes: unpacked
+    if route == ROUTE_MKL and packed.shape[0] > 0:
+        _gemm_packed_jit(z, packed, w.shape[1], b, g, ints, scalars)
+    elif route == ROUTE_MKL:
+        _gemm_blas_jit(z, w, b, g, ints, scalars)
+    elif route == ROUTE_OPENBLAS:
+        _gemm_openblas_jit(z, w, b, g, longs, scalars)
+    else:
+        _gemm_small_jit(z, w, b, g)
+
+
+_gemm_route_jit = _jit(_gemm_route)
 
 
 def _cell(g: Any, bias: Any, c: Any, b: int, z: Any, col: int, z_next: Any) -> None:
@@ -403,7 +530,7 @@ def _rollout_loop(
     z_up: Any,  # [L - 1, B, 2H] state in/out: (h_{l-1}, h_l)
     c: Any,  # [L, B, H] state in/out
     out: Any,  # [N, 2] positions
-    gemm_from: int,
+    routes: Any,  # [L, B + 1] int8: each layer's route (ROUTE_*) at each number of active rows
     packed: Any,  # [L, S] uint8: the weights as _pack_weights lays them out, or [L, 0]: unpacked
 ) -> None:
     hidden = c.shape[2]
@@ -414,6 +541,7 @@ def _rollout_loop(
     lanes = np.zeros((2, 16), dtype=z0.dtype)
     sums = np.zeros((2, 17, z0.shape[0]), dtype=z0.dtype)
     ints = np.zeros(8, dtype=np.int32)
+    longs = np.zeros(9, dtype=np.int64)
     scalars = np.zeros(2, dtype=z0.dtype)
     off = 0
     for t in range(batch_sizes.shape[0]):
@@ -424,12 +552,7 @@ def _rollout_loop(
         for layer in range(n_up + 1):
             z = z0 if layer == 0 else z_up[layer - 1]
             w = w0 if layer == 0 else w_up[layer - 1]
-            if b >= gemm_from and packed.shape[1] > 0:
-                _gemm_packed_jit(z, packed[layer], w.shape[1], b, g, ints, scalars)
-            elif b >= gemm_from:
-                _gemm_blas_jit(z, w, b, g, ints, scalars)
-            else:
-                _gemm_small_jit(z, w, b, g)
+            _gemm_route_jit(routes[layer, b], z, w, packed[layer], b, g, ints, longs, scalars)
             z_next = z_up[layer] if layer < n_up else no_rows
             _cell_jit(g, bias[layer], c[layer], b, z, 2 if layer == 0 else hidden, z_next)
         z_top = z_up[n_up - 1] if n_up else z0
@@ -475,6 +598,48 @@ def _check_shapes(
         raise ValueError("batch_sizes must be non-increasing")
 
 
+def route_table(
+    num_layers: int,
+    b_max: int,
+    gemm_from: int | None = None,
+    routes: np.ndarray[Any, Any] | None = None,
+) -> np.ndarray[Any, Any]:
+    """``[L, b_max + 1]`` int8, the loop's route for each layer at each number of active rows:
+    ``routes`` (a plan from :func:`plan_routes`) where given, MKL beyond its widths; else the
+    hand-written loop below ``gemm_from`` rows (``GEMM_FROM`` where None; 0 is taken as 1)
+    and MKL from there on."""
+    table = np.full((num_layers, b_max + 1), ROUTE_MKL, dtype=np.int8)
+    if routes is not None:
+        if gemm_from is not None:
+            raise ValueError("give routes or gemm_from, not both")
+        if routes.ndim != 2 or routes.shape[0] != num_layers:
+            raise ValueError(f"routes must have shape [{num_layers}, W + 1], got {routes.shape}")
+        width = min(routes.shape[1], b_max + 1)
+        table[:, :width] = routes[:, :width]
+        if not np.isin(table, (ROUTE_LOOP, ROUTE_MKL, ROUTE_OPENBLAS)).all():
+            raise ValueError(f"routes must hold only {', '.join(ROUTE_NAMES)} (0, 1, 2)")
+        if _OPENBLAS is None and (table == ROUTE_OPENBLAS).any():
+            raise ValueError("this numpy bundles no OpenBLAS: no openblas route")
+        return table
+    first_blas = GEMM_FROM if gemm_from is None else max(gemm_from, 1)
+    table[:, : min(first_blas, b_max + 1)] = ROUTE_LOOP
+    return table
+
+
+@contextlib.contextmanager
+def _one_openblas_thread(table: np.ndarray[Any, Any]) -> Iterator[None]:
+    # OpenBLAS splits a gemv of this size over every core by default: one thread, as MKL's
+    # follow torch's; set for the calling thread only, and put back
+    if _OPENBLAS is None or not (table == ROUTE_OPENBLAS).any():
+        yield
+        return
+    before = _OPENBLAS_THREADS(1)
+    try:
+        yield
+    finally:
+        _OPENBLAS_THREADS(before)
+
+
 def loop_arguments(
     u: Tensor,
     batch_sizes: list[int],
@@ -486,6 +651,7 @@ def loop_arguments(
     c0: Tensor | None = None,
     p0: Tensor | None = None,
     gemm_from: int | None = None,
+    routes: np.ndarray[Any, Any] | None = None,
 ) -> dict[str, Any]:
     """The compiled loop's arguments, by its parameters' names and in their order, for
     :func:`rollout_packed_numba`'s arguments (checked here): the weights in the loop's layout
@@ -521,8 +687,8 @@ def loop_arguments(
             z_up[layer - 1, :, :hidden] = h[layer - 1]
             z_up[layer - 1, :, hidden:] = h[layer]
     out = np.empty((u.shape[0], 2), dtype=w_up.dtype)
-    gemm_from = GEMM_FROM if gemm_from is None else max(gemm_from, 1)
-    blas_steps = sum(1 for b in batch_sizes if b >= gemm_from)
+    table = route_table(num_layers, b_max, gemm_from, routes)
+    blas_steps = sum(1 for b in batch_sizes if (table[:, b] == ROUTE_MKL).any())
     if dtype == torch.float32 and _MKL_PACK is not None and blas_steps >= PACK_FROM_STEPS:
         packed = _pack_weights([w0, *w_up], b_max)
     else:
@@ -539,7 +705,7 @@ def loop_arguments(
         "z_up": z_up,
         "c": c,
         "out": out,
-        "gemm_from": gemm_from,
+        "routes": table,
         "packed": packed,
     }
 
@@ -555,7 +721,8 @@ def rollout_packed_numba(
     c0: Tensor | None = None,  # [L, B, H] initial c; None: zeros
     p0: Tensor | None = None,  # [B, 2] position fed back at the first step; None: zeros
     *,
-    gemm_from: int | None = None,  # BLAS from this many active rows on; None: GEMM_FROM
+    gemm_from: int | None = None,  # MKL from this many active rows on; None: GEMM_FROM
+    routes: np.ndarray[Any, Any] | None = None,  # [L, W + 1] from plan_routes; or gemm_from
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`rnnserve.models.traveller.rollout_packed` as one compiled CPU loop (float32 or
     float64).
@@ -563,8 +730,9 @@ def rollout_packed_numba(
     Returns the ``[N, 2]`` packed positions and the final state ``(h_T, c_T, p_T)``, each
     sequence's state after its own last step. CPU tensors only; not differentiable.
     """
-    args = loop_arguments(u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0, gemm_from)
-    _rollout_loop_jit(*args.values())
+    args = loop_arguments(u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0, gemm_from, routes)
+    with _one_openblas_thread(args["routes"]):
+        _rollout_loop_jit(*args.values())
     z0, z_up, c, out = args["z0"], args["z_up"], args["c"], args["out"]
     num_layers, b_max, hidden = c.shape
     h_t = np.empty((num_layers, b_max, hidden), dtype=c.dtype)
@@ -595,3 +763,158 @@ def compile_for(dtype: torch.dtype) -> None:
     u = torch.zeros(3, num_inputs, dtype=dtype)
     w_out = torch.zeros(hidden, 2, dtype=dtype)
     rollout_packed_numba(u, [2, 1], w_cat, bias, w_out, torch.zeros(2, dtype=dtype))
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+def _repeat_route(
+    route: int, z: Any, w: Any, packed: Any, b: int, g: Any, ints: Any, longs: Any, scalars: Any,
+    n: int,
+) -> None:  # fmt: skip
+    for _ in range(n):
+        _gemm_route_jit(route, z, w, packed, b, g, ints, longs, scalars)
+
+
+_repeat_route_jit = _jit(_repeat_route)
+
+# a timed sample lasts at least this long; a route's time is the fastest of _SAMPLES samples,
+# the routes' samples taken in turns so that a burst of other work falls on all of them alike
+_SAMPLE_S = 2e-4
+_SAMPLES = 3
+
+
+def _sample(fn: Any, n: int) -> float:
+    start = time.perf_counter()
+    fn(n)
+    return time.perf_counter() - start
+
+
+def _calls_per_sample(fn: Any) -> int:
+    fn(1)  # compiled, caches warm
+    n = 1
+    while _sample(fn, n) < _SAMPLE_S:
+        n *= 2
+    return n
+
+
+def _fastest_seconds_per_call(fns: dict[int, Any]) -> dict[int, float]:
+    calls = {key: _calls_per_sample(fn) for key, fn in fns.items()}
+    best = dict.fromkeys(fns, np.inf)
+    for _ in range(_SAMPLES):
+        for key, fn in fns.items():
+            best[key] = min(best[key], _sample(fn, calls[key]) / calls[key])
+    return best
+
+
+def _available_routes() -> tuple[int, ...]:
+    blas = (ROUTE_MKL,) if BLAS != "none" else ()
+    return (ROUTE_LOOP, *blas, *((ROUTE_OPENBLAS,) if _OPENBLAS is not None else ()))
+
+
+def measure_routes(
+    dims: Sequence[tuple[int, int]], dtype: torch.dtype, widths: int = PLAN_WIDTHS
+) -> np.ndarray[Any, Any]:
+    """``[3, L, widths + 1]`` seconds per call of each route's GEMM (``ROUTE_*`` order) for each
+    layer's ``[K, 4H]`` weights at 1..``widths`` active rows (column 0 unused), measured now on
+    this thread; ``inf`` for a route this build lacks. MKL is timed as a long rollout runs it:
+    on packed weights where this build packs float32 ones."""
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    times = np.full((len(ROUTE_NAMES), len(dims), widths + 1), np.inf)
+    rng = np.random.default_rng(0)
+    ints, longs, scalars = np.zeros(8, np.int32), np.zeros(9, np.int64), np.zeros(2, np_dtype)
+    measured: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
+    with _one_openblas_thread(np.array([ROUTE_OPENBLAS])):
+        for layer, (k, n_out) in enumerate(dims):
+            if (k, n_out) in measured:  # layers of one shape share one measurement
+                times[:, layer] = measured[k, n_out]
+                continue
+            w = (rng.standard_normal((k, n_out)) / np.sqrt(k)).astype(np_dtype)
+            z = (rng.standard_normal((widths, k)) * 0.5).astype(np_dtype)
+            g = np.zeros((widths, n_out), np_dtype)
+            if np_dtype == np.float32 and _MKL_PACK is not None:
+                packed = _pack_weights([w], widths)[0]
+            else:
+                packed = np.zeros(0, np.uint8)
+            for b in range(1, widths + 1):
+                fns = {  # route as int8, the type the loop passes, so nothing new compiles
+                    route: functools.partial(
+                        _repeat_route_jit, np.int8(route), z, w, packed, b, g, ints, longs, scalars
+                    )
+                    for route in _available_routes()
+                }
+                for route, seconds in _fastest_seconds_per_call(fns).items():
+                    times[route, layer, b] = seconds
+            measured[k, n_out] = times[:, layer]
+    return times
+
+
+def fastest_routes(times: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``[L, W + 1]`` int8 routes from :func:`measure_routes`' ``[3, L, W + 1]`` seconds: at each
+    layer and width the unplanned route (see :func:`route_table`), unless another is at least
+    ``1 / PLAN_MARGIN`` times faster, then the fastest. Routes within a few percent of each
+    other trade places from one measurement to the next; the margin keeps such widths on the
+    unplanned route, so a plan holds only the differences that are real."""
+    n_layers, n_widths = times.shape[1:]
+    routes = route_table(n_layers, n_widths - 1)
+    for layer in range(n_layers):
+        for b in range(1, n_widths):
+            default = times[routes[layer, b], layer, b]
+            best = int(np.argmin(times[:, layer, b]))
+            if times[best, layer, b] < PLAN_MARGIN * default:
+                routes[layer, b] = best
+    return routes
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(
+    dims: tuple[tuple[int, int], ...], dtype: torch.dtype, widths: int
+) -> np.ndarray[Any, Any]:
+    routes = fastest_routes(measure_routes(dims, dtype, widths))
+    routes.flags.writeable = False  # shared by every model of these shapes
+    return routes
+
+
+def plan_routes(
+    w_cat: Sequence[Tensor], dtype: torch.dtype = torch.float32, widths: int = PLAN_WIDTHS
+) -> np.ndarray[Any, Any]:
+    """The fastest route of each layer of these fused weights (as :func:`rollout_packed_numba`
+    takes them) at each width up to ``widths`` rows on this machine: ``[L, widths + 1]`` int8,
+    measured once per process for each set of layer shapes, dtype and ``widths``."""
+    dims = tuple((int(w.shape[0]), int(w.shape[1])) for w in w_cat)
+    return _plan(dims, dtype, widths)
+
+
+class PlannedRollout:
+    """:func:`rollout_packed_numba` with the routes of a plan for calls in ``dtype``; calls in
+    another dtype, or with their own ``gemm_from`` or ``routes``, take those instead."""
+
+    def __init__(self, routes: np.ndarray[Any, Any], dtype: torch.dtype = torch.float32) -> None:
+        self.routes = routes
+        self.dtype = dtype
+
+    def __call__(
+        self, u: Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        if u.dtype == self.dtype and "gemm_from" not in kwargs:
+            kwargs.setdefault("routes", self.routes)
+        return rollout_packed_numba(u, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"PlannedRollout({describe_routes(self.routes)}, {self.dtype})"
+
+
+def describe_routes(routes: np.ndarray[Any, Any]) -> str:
+    """A plan in a line: each layer's routes as runs of widths, the last open-ended (MKL takes
+    every width past the plan's), e.g. ``"layer 0: loop 1, openblas 2-12, mkl 13-"``."""
+    layers = []
+    for layer, row in enumerate(routes):
+        widths = [*row[1:].tolist(), ROUTE_MKL]  # and MKL past the plan
+        runs, start = [], 1
+        for b in range(2, len(widths) + 2):  # b: the first width after a run
+            if b > len(widths) or widths[b - 1] != widths[start - 1]:
+                end = "-" if b > len(widths) else (f"-{b - 1}" if b - 1 > start else "")
+                runs.append(f"{ROUTE_NAMES[widths[start - 1]]} {start}{end}")
+                start = b
+        layers.append(f"layer {layer}: " + ", ".join(runs))
+    return "; ".join(layers)

@@ -26,7 +26,7 @@ def test_the_loop_on_the_probes_arrays_is_the_public_call() -> None:
     x = pack(random_sequences(half_spread_lengths(5, 12), base.num_inputs, 3))
     a = steps.rollout_arrays(base, x)
     keys = ("u", "batch_sizes", "w0", "w_up", "bias", "w_out_t", "b_out", "z0", "z_up", "c")
-    rollout_cpu._rollout_loop_jit(*(a[k] for k in keys), a["out"], 2, a["packed"])
+    rollout_cpu._rollout_loop_jit(*(a[k] for k in keys), a["out"], a["routes"], a["packed"])
     want = rollout_cpu.rollout_packed_numba(x.data, x.batch_sizes.tolist(), *base.fused_weights())
     np.testing.assert_allclose(a["out"], want[0].numpy(), atol=1e-6, rtol=0)
 

@@ -236,6 +236,15 @@ def test_one_start_up_line_per_model() -> None:
     )  # fmt: skip
     assert line == "model traveller: traveller on cpu, backend numba, 203010 parameters"
     assert "backend" in model_line("smoother", {"kind": "smoother", "device": "cpu"})
+    routes = "layer 0: loop 1, openblas 2-12, mkl 13-"
+    line = model_line(
+        "traveller",
+        {"kind": "traveller", "device": "cpu", "parameters": 9,
+         "config": {"rollout_backend": "numba", "rollout_routes": routes}},
+    )  # fmt: skip
+    assert line == (
+        f"model traveller: traveller on cpu, backend numba, 9 parameters (GEMM routes: {routes})"
+    )
 
 
 # -- one path per served model, real answers ---------------------------------------------------

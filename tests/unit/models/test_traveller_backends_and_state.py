@@ -17,6 +17,7 @@ from torch.nn.utils.rnn import pack_sequence
 
 import rnnserve.models.kernels.rollout_cpu as rollout_cpu
 import rnnserve.models.traveller as traveller
+from rnnserve import models
 from rnnserve.models.packing import pack, unpack
 from rnnserve.models.traveller import RolloutState, Traveller, rollout_backend_fn, rollout_packed
 from tests.helpers import refusal
@@ -81,7 +82,16 @@ def test_compile_rollout_sets_the_function_and_its_name() -> None:
     assert model._rollout_fn is rollout_packed
     model.compile_rollout("numba")
     assert model.rollout_backend == "numba"
-    assert model._rollout_fn is rollout_cpu.rollout_packed_numba
+    planned = model._rollout_fn
+    assert isinstance(planned, rollout_cpu.PlannedRollout)
+    w_cat = model.fused_weights()[0]
+    assert planned.routes is rollout_cpu.plan_routes(w_cat)  # planned for this model's shapes
+    assert planned.routes.shape == (1, rollout_cpu.PLAN_WIDTHS + 1)
+    assert model.rollout_routes == rollout_cpu.describe_routes(planned.routes)
+    assert models.describe(model)["config"]["rollout_routes"] == model.rollout_routes
+    model.compile_rollout("eager")
+    assert model.rollout_routes is None
+    assert "rollout_routes" not in models.describe(model)["config"]
     model.compile_rollout()  # auto: numba on the CPU
     assert model.rollout_backend == "numba"
 
