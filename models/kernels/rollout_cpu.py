@@ -72,7 +72,7 @@ from rnnserve.models.kernels.numba_math import fast_sigmoid, fast_tanh
 # and loses to the loop at 1 (bench/rollout_cpu_probe.py --gemm-from 1 2 3).
 GEMM_FROM = 2
 # The routes of a step's GEMM: the loop's `routes[layer, b]` holds one of these
-ROUTE_LOOP, ROUTE_MKL, ROUTE_OPENBLAS = 0, 1, 2
+ROUTE_LOOP, ROUTE_MKL, ROUTE_OPENBLAS = 0, 1, 2  # in this order: checks compare with the ends
 ROUTE_NAMES = ("loop", "mkl", "openblas")
 # plan_routes measures widths 1..PLAN_WIDTHS; wider steps take MKL, where every BLAS measured
 # here reaches the same speed
@@ -616,9 +616,9 @@ def route_table(
             raise ValueError(f"routes must have shape [{num_layers}, W + 1], got {routes.shape}")
         width = min(routes.shape[1], b_max + 1)
         table[:, :width] = routes[:, :width]
-        if not np.isin(table, (ROUTE_LOOP, ROUTE_MKL, ROUTE_OPENBLAS)).all():
+        if table.min() < ROUTE_LOOP or table.max() > ROUTE_OPENBLAS:
             raise ValueError(f"routes must hold only {', '.join(ROUTE_NAMES)} (0, 1, 2)")
-        if _OPENBLAS is None and (table == ROUTE_OPENBLAS).any():
+        if _OPENBLAS is None and table.max() == ROUTE_OPENBLAS:
             raise ValueError("this numpy bundles no OpenBLAS: no openblas route")
         return table
     first_blas = GEMM_FROM if gemm_from is None else max(gemm_from, 1)
@@ -630,7 +630,7 @@ def route_table(
 def _one_openblas_thread(table: np.ndarray[Any, Any]) -> Iterator[None]:
     # OpenBLAS splits a gemv of this size over every core by default: one thread, as MKL's
     # follow torch's; set for the calling thread only, and put back
-    if _OPENBLAS is None or not (table == ROUTE_OPENBLAS).any():
+    if _OPENBLAS is None or table.max() < ROUTE_OPENBLAS:
         yield
         return
     before = _OPENBLAS_THREADS(1)
@@ -688,14 +688,15 @@ def loop_arguments(
             z_up[layer - 1, :, hidden:] = h[layer]
     out = np.empty((u.shape[0], 2), dtype=w_up.dtype)
     table = route_table(num_layers, b_max, gemm_from, routes)
-    blas_steps = sum(1 for b in batch_sizes if (table[:, b] == ROUTE_MKL).any())
+    sizes = np.asarray(batch_sizes, dtype=np.int64)
+    blas_steps = int((table == ROUTE_MKL).any(axis=0)[sizes].sum())  # steps some layer runs on MKL
     if dtype == torch.float32 and _MKL_PACK is not None and blas_steps >= PACK_FROM_STEPS:
         packed = _pack_weights([w0, *w_up], b_max)
     else:
         packed = np.zeros((num_layers, 0), dtype=np.uint8)
     return {
         "u": arr(u),
-        "batch_sizes": np.asarray(batch_sizes, dtype=np.int64),
+        "batch_sizes": sizes,
         "w0": w0,
         "w_up": w_up,
         "bias": arr(torch.stack(bias)),

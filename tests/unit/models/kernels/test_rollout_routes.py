@@ -123,8 +123,9 @@ def test_a_wrong_plan_is_refused_before_the_loop() -> None:
         rollout_cpu.route_table(2, 3, gemm_from=2, routes=plan)
     with pytest.raises(ValueError, match=r"shape \[3, W \+ 1\]"):
         rollout_cpu.route_table(3, 3, routes=plan)
-    with pytest.raises(ValueError, match="only loop, mkl, openblas"):
-        rollout_cpu.route_table(2, 3, routes=plan + 3)
+    for wrong in (plan + 3, plan - 1):
+        with pytest.raises(ValueError, match="only loop, mkl, openblas"):
+            rollout_cpu.route_table(2, 3, routes=wrong)
     weights = bent_weights(8, 3, torch.float32)
     u, sizes = packed_inputs([4, 2], torch.float32)
     with pytest.raises(ValueError, match=r"shape \[3, W \+ 1\]"):
