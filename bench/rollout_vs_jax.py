@@ -65,9 +65,10 @@ END = "<!-- rollout_vs_jax:end -->"
 SHAPES = ((1, 1000), (64, 500))
 QUICK_SHAPES = ((1, 20), (4, 10))
 NUMBA = 'Traveller.rollout, "numba"'
-# --kernel-ab: the numba kernel's paths, called directly beside the backend
+# --kernel-ab: the numba kernel's unplanned paths, called directly beside the backend (which
+# runs the routes plan_routes measured on this machine)
 KERNEL_OPTIONS: dict[str, dict[str, Any]] = {
-    "numba kernel, BLAS gemm from 2 rows (the default)": {},
+    "numba kernel, unplanned: MKL gemm from 2 rows": {},
     "numba kernel, its own loop at every batch size": {"gemm_from": 1 << 30},
 }
 LAYOUTS = ("one", "jax-default")
