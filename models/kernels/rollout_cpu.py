@@ -910,12 +910,15 @@ def describe_routes(routes: np.ndarray[Any, Any]) -> str:
     every width past the plan's), e.g. ``"layer 0: loop 1, openblas 2-12, mkl 13-"``."""
     layers = []
     for layer, row in enumerate(routes):
-        widths = [*row[1:].tolist(), ROUTE_MKL]  # and MKL past the plan
-        runs, start = [], 1
-        for b in range(2, len(widths) + 2):  # b: the first width after a run
-            if b > len(widths) or widths[b - 1] != widths[start - 1]:
-                end = "-" if b > len(widths) else (f"-{b - 1}" if b - 1 > start else "")
-                runs.append(f"{ROUTE_NAMES[widths[start - 1]]} {start}{end}")
-                start = b
+        runs, first = [], 1
+        # widths 1..W as planned, then one more on MKL: the open-ended run past the plan
+        for route, group in itertools.groupby([*row[1:].tolist(), ROUTE_MKL]):
+            last = first + len(list(group)) - 1
+            if last == len(row):
+                widths = f"{first}-"
+            else:
+                widths = f"{first}-{last}" if last > first else f"{first}"
+            runs.append(f"{ROUTE_NAMES[route]} {widths}")
+            first = last + 1
         layers.append(f"layer {layer}: " + ", ".join(runs))
     return "; ".join(layers)
