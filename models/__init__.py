@@ -29,7 +29,7 @@ from rnnserve.models import torchscript
 from rnnserve.models.recurrent import RecurrentConfig, RecurrentModel
 from rnnserve.models.smoothing import LinearRecursion, SmootherConfig
 from rnnserve.models.torchscript import TorchScriptModel
-from rnnserve.models.traveller import RolloutBackend, Traveller, TravellerConfig
+from rnnserve.models.traveller import GemmRoutes, RolloutBackend, Traveller, TravellerConfig
 
 __all__ = [
     "DEFAULT_MODEL_DIR",
@@ -230,11 +230,13 @@ def load(
     *,
     device: torch.device | str = "cpu",
     rollout_backend: RolloutBackend = "auto",
+    rollout_gemm_routes: GemmRoutes = "measured",
     trust_torchscript: bool = False,
 ) -> nn.Module:
     """The named model with its weights, in eval mode on ``device``.
 
-    Traveller models get their rollout compiled (``rollout_backend``) here, at load time;
+    Traveller models get their rollout compiled (``rollout_backend``, ``rollout_gemm_routes``:
+    see :meth:`Traveller.compile_rollout`) here, at load time;
     TorchScript files (only with ``trust_torchscript``) are loaded straight onto ``device``.
     """
     root = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
@@ -244,7 +246,7 @@ def load(
     model = read(name, model_dir)
     model.to(device)
     if isinstance(model, Traveller):
-        model.compile_rollout(rollout_backend)
+        model.compile_rollout(rollout_backend, rollout_gemm_routes)
     return model
 
 

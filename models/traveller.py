@@ -22,6 +22,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 RolloutBackend = Literal["auto", "eager", "torchscript", "numba", "triton"]
+# how the numba rollout picks each GEMM: timed on this CPU at load, or the same in every process
+GemmRoutes = Literal["measured", "fixed"]
 ROLLOUT_BACKENDS: tuple[str, ...] = ("auto", "eager", "torchscript", "numba", "triton")
 # (w_cat, bias, w_out, b_out): see rollout_packed's arguments
 FusedWeights = tuple[list[Tensor], list[Tensor], Tensor, Tensor]
@@ -215,11 +217,16 @@ class Traveller(nn.Module):
     def config(self) -> TravellerConfig:
         return TravellerConfig(self.num_inputs, self.hidden_size, self.num_layers, self.dropout)
 
-    def compile_rollout(self, backend: RolloutBackend = "auto") -> None:
-        """Choose the rollout implementation (see :func:`rollout_backend_fn`)."""
+    def compile_rollout(
+        self, backend: RolloutBackend = "auto", gemm_routes: GemmRoutes = "measured"
+    ) -> None:
+        """Choose the rollout implementation (see :func:`rollout_backend_fn`). The numba
+        rollout's GEMM routes: ``"measured"``, the fastest on this CPU, timed now (processes whose
+        measurements differ give results that differ in the last bits); ``"fixed"``, the loop at
+        one active row and MKL from two, the same in every process of one build."""
         device = next(self.parameters()).device
         self._rollout_fn, self.rollout_backend = rollout_backend_fn(backend, device)
-        if self.rollout_backend == "numba":
+        if self.rollout_backend == "numba" and gemm_routes == "measured":
             from rnnserve.models.kernels.rollout_cpu import PlannedRollout, plan_routes
 
             # each layer's fastest GEMM route at each narrow width, measured on this machine

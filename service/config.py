@@ -116,6 +116,13 @@ class Settings(BaseSettings):
         "auto",
         description="How the Traveller's rollout loop runs; auto: the fastest for the device.",
     )
+    rollout_gemm_routes: Literal["measured", "fixed"] = Field(
+        "measured",
+        description="How the numba rollout picks each layer's matrix product at each number of "
+        "active sequences: measured (the fastest of its routes on this CPU, timed at load; "
+        "servers whose timings differ answer with different last bits) or fixed (the same "
+        "routes, and bits, in every server of one build).",
+    )
     rollout_scheduling: Literal["continuous", "batch"] = Field(
         "continuous",
         description="continuous: rollouts join and leave the running batch between chunks of "

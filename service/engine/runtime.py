@@ -532,6 +532,7 @@ class ModelRuntime:
             self.settings.model_dir,
             device=self.device,
             rollout_backend=self.settings.rollout_backend,
+            rollout_gemm_routes=self.settings.rollout_gemm_routes,
             trust_torchscript=self.settings.trust_torchscript,
         )
         if file_version(path) != version:  # replaced while it was read: which one is this?

@@ -21,6 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "device": "auto",
     "torch_threads": 1,
     "rollout_backend": "auto",
+    "rollout_gemm_routes": "measured",
     "max_batch_size": 64,
     "max_batch_timesteps": 262_144,
     "max_delay_ms": 2.0,

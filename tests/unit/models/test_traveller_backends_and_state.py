@@ -96,6 +96,20 @@ def test_compile_rollout_sets_the_function_and_its_name() -> None:
     assert model.rollout_backend == "numba"
 
 
+def test_fixed_gemm_routes_run_the_unplanned_kernel_in_every_process() -> None:
+    model = Traveller(2, 4, 1)
+    model.compile_rollout("numba", "fixed")
+    assert model.rollout_backend == "numba"
+    assert model._rollout_fn is rollout_cpu.rollout_packed_numba  # no plan: the fixed routes
+    assert model.rollout_routes is None
+    assert "rollout_routes" not in models.describe(model)["config"]
+    model.compile_rollout("numba", "measured")
+    assert isinstance(model._rollout_fn, rollout_cpu.PlannedRollout)
+    loaded = models.load("traveller", rollout_backend="numba", rollout_gemm_routes="fixed")
+    assert loaded._rollout_fn is rollout_cpu.rollout_packed_numba
+    assert isinstance(models.load("traveller")._rollout_fn, rollout_cpu.PlannedRollout)
+
+
 def test_a_new_traveller_has_no_dropout_and_says_its_config() -> None:
     model = Traveller(3, 5, 2)
     assert model.dropout == 0.0
