@@ -223,7 +223,8 @@ class Traveller(nn.Module):
         """Choose the rollout implementation (see :func:`rollout_backend_fn`). The numba
         rollout's GEMM routes: ``"measured"``, the fastest on this CPU, timed now (processes whose
         measurements differ give results that differ in the last bits); ``"fixed"``, the loop at
-        one active row and MKL from two, the same in every process of one build."""
+        one active row and MKL from two, the same bits in every process of one build on one kind of
+        CPU (MKL picks its kernels by the CPU)."""
         device = next(self.parameters()).device
         self._rollout_fn, self.rollout_backend = rollout_backend_fn(backend, device)
         if self.rollout_backend == "numba" and gemm_routes == "measured":

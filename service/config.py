@@ -121,7 +121,7 @@ class Settings(BaseSettings):
         description="How the numba rollout picks each layer's matrix product at each number of "
         "active sequences: measured (the fastest of its routes on this CPU, timed at load; "
         "servers whose timings differ answer with different last bits) or fixed (the same "
-        "routes, and bits, in every server of one build).",
+        "routes, and bits, in every server of one build on one kind of CPU).",
     )
     rollout_scheduling: Literal["continuous", "batch"] = Field(
         "continuous",

@@ -916,8 +916,10 @@ def describe_routes(routes: np.ndarray[Any, Any]) -> str:
             last = first + len(list(group)) - 1
             if last == len(row):
                 widths = f"{first}-"
+            elif last > first:
+                widths = f"{first}-{last}"
             else:
-                widths = f"{first}-{last}" if last > first else f"{first}"
+                widths = f"{first}"
             runs.append(f"{ROUTE_NAMES[route]} {widths}")
             first = last + 1
         layers.append(f"layer {layer}: " + ", ".join(runs))
