@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from bench.models_harness import half_spread_lengths, random_sequences
 from bench.models_traveller import make_traveller
@@ -82,10 +83,15 @@ def rollout_arrays(base: Any, x: Any) -> dict[str, Any]:
     initial state, float32; the weights packed for MKL wherever this build can, as the pieces
     are timed both ways."""
     w_cat, bias, w_out, b_out = base.fused_weights()
-    a = rc.loop_arguments(x.data.float(), x.batch_sizes.tolist(), w_cat, bias, w_out, b_out)
-    if rc._MKL_PACK is not None and a["packed"].shape[1] == 0:  # too short a rollout to pack
-        a["packed"] = rc._pack_weights([a["w0"], *a["w_up"]], int(x.batch_sizes[0]))
-    return a
+    u = x.data.float()
+    weights = rc.loop_weights(w_cat, bias, w_out, b_out, torch.float32, u.shape[1])
+    sizes = x.batch_sizes.numpy().astype(np.int64)
+    table = rc.route_table(weights.num_layers, int(sizes[0]))
+    if rc._MKL_PACK is not None:  # packed however short the rollout
+        packed = rc._packed_weights(weights, int(sizes[0]))
+    else:
+        packed = rc._unpacked(weights.num_layers)
+    return rc.loop_arguments(u, sizes, weights, (None, None, None), table, packed)
 
 
 def piece_times(

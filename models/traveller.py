@@ -227,18 +227,21 @@ class Traveller(nn.Module):
         CPU (MKL picks its kernels by the CPU)."""
         device = next(self.parameters()).device
         self._rollout_fn, self.rollout_backend = rollout_backend_fn(backend, device)
-        if self.rollout_backend == "numba" and gemm_routes == "measured":
-            from rnnserve.models.kernels.rollout_cpu import PlannedRollout, plan_routes
+        if self.rollout_backend == "numba":
+            from rnnserve.models.kernels.rollout_cpu import NumbaRollout, plan_routes
 
-            # each layer's fastest GEMM route at each narrow width, measured on this machine
-            with torch.no_grad():
-                w_cat = self.fused_weights()[0]
-            self._rollout_fn = PlannedRollout(plan_routes(w_cat, torch.float32))
+            routes = None
+            if gemm_routes == "measured":
+                # each layer's fastest GEMM route at each narrow width, measured on this machine
+                with torch.no_grad():
+                    routes = plan_routes(self.fused_weights()[0], torch.float32)
+            self._rollout_fn = NumbaRollout(routes, torch.float32)
 
     @property
     def rollout_routes(self) -> str | None:
         """The numba rollout's GEMM route of each layer at each narrow width, as
-        :func:`compile_rollout` measured them on this machine; None for the other backends."""
+        :func:`compile_rollout` measured them on this machine; None for the fixed routes and for
+        the other backends."""
         routes = getattr(self._rollout_fn, "routes", None)
         if routes is None:
             return None

@@ -11,8 +11,9 @@ from one of three routes, chosen by the layer and the number of active rows ``b`
   the ~0.8 MB of weights from cache once;
 - MKL's ``sgemm_``/``dgemm_``, called from inside the loop, where the torch build exports them
   (x86-64 Linux wheels), else ``np.dot`` (numba calls scipy's BLAS), else the hand-written loop.
-  float32 rollouts of at least ``PACK_FROM_STEPS`` such steps multiply by weights packed once
-  per call into MKL's own layout (``sgemm_compute_``);
+  float32 rollouts of at least ``PACK_FROM_STEPS`` such steps multiply by weights packed into
+  MKL's own layout (``sgemm_compute_``), once per call or, through :class:`NumbaRollout`, once
+  per model and batch width;
 - numpy's own OpenBLAS (``gemv`` at one row, else ``gemm``), where numpy's wheel bundles it.
   Its small-matrix kernels run narrow products several times faster than MKL on some CPUs
   (AMD's) and not on others, so this route is only taken where it was measured faster.
@@ -20,9 +21,13 @@ from one of three routes, chosen by the layer and the number of active rows ``b`
 Unplanned, a step takes the loop below ``GEMM_FROM`` rows and MKL from there on.
 :func:`plan_routes` measures the three routes on this machine for a model's layer shapes at each
 width up to ``PLAN_WIDTHS`` rows (a fraction of a second, once, at load time, as FFTW's planner or
-cuDNN's benchmark mode do) and :func:`planned_rollout` binds the fastest to the rollout. The
+cuDNN's benchmark mode do) and :class:`NumbaRollout` binds the fastest to a model's rollout. The
 routes round differently (each within float32's precision), so two processes whose plans differ
 at some width give results that differ in the last bits there.
+
+Each call used to rearrange the weights into the loop's layout (stacking, transposing, packing:
+a large share of a 64-step chunk at few rows); :class:`NumbaRollout`, the form a Traveller
+serves, does it once per model and keeps the result while the weights stay the same.
 
 The gate nonlinearities and the cell update of a layer run in one fused loop.
 
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import importlib.util
 import itertools
@@ -565,33 +571,57 @@ def _rollout_loop(
 _rollout_loop_jit = _jit(_rollout_loop)
 
 
-def _check_shapes(
-    u: Tensor,
-    batch_sizes: list[int],
-    w_cat: list[Tensor],
-    bias: list[Tensor],
-    w_out: Tensor,
-    b_out: Tensor,
-    state: tuple[Tensor | None, Tensor | None, Tensor | None],
-) -> None:
-    # The compiled loop does not check bounds: a wrong shape must not reach it.
-    num_layers, hidden = len(w_cat), w_cat[0].shape[1] // 4
-    b_max = batch_sizes[0] if batch_sizes else 0
-    want: list[tuple[str, Tensor | None, tuple[int, ...]]] = [
-        ("w_cat[0]", w_cat[0], (2 + hidden + u.shape[1], 4 * hidden)),
-        *((f"w_cat[{i}]", w, (2 * hidden, 4 * hidden)) for i, w in enumerate(w_cat[1:], 1)),
-        *((f"bias[{i}]", b, (4 * hidden,)) for i, b in enumerate(bias)),
-        ("w_out", w_out, (hidden, 2)),
-        ("b_out", b_out, (2,)),
-        ("h0", state[0], (num_layers, b_max, hidden)),
-        ("c0", state[1], (num_layers, b_max, hidden)),
-        ("p0", state[2], (b_max, 2)),
-    ]
+_State = tuple[Tensor | None, Tensor | None, Tensor | None]
+_WEIGHTS_SHAPE = "expected one bias per layer and 2-D packed inputs"
+
+
+def _check_each(want: list[tuple[str, Tensor | None, tuple[int, ...]]]) -> None:
     for name, t, shape in want:
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if len(bias) != num_layers or u.dim() != 2 or hidden < 1:
-        raise ValueError("expected one bias per layer and 2-D packed inputs")
+
+
+def _check_input(u: Tensor) -> None:
+    if u.device.type != "cpu":
+        raise ValueError(f"the numba rollout runs on CPU tensors, got {u.device}")
+    if u.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"the numba rollout takes float32 or float64, got {u.dtype}")
+
+
+def _check_weights(
+    w_cat: Sequence[Tensor], bias: Sequence[Tensor], w_out: Tensor, b_out: Tensor, num_inputs: int
+) -> None:
+    # The compiled loop does not check bounds: a wrong shape must not reach it.
+    num_layers, hidden = len(w_cat), w_cat[0].shape[1] // 4
+    _check_each(
+        [
+            ("w_cat[0]", w_cat[0], (2 + hidden + num_inputs, 4 * hidden)),
+            *((f"w_cat[{i}]", w, (2 * hidden, 4 * hidden)) for i, w in enumerate(w_cat[1:], 1)),
+            *((f"bias[{i}]", b, (4 * hidden,)) for i, b in enumerate(bias)),
+            ("w_out", w_out, (hidden, 2)),
+            ("b_out", b_out, (2,)),
+        ]
+    )
+    if len(bias) != num_layers or hidden < 1:
+        raise ValueError(_WEIGHTS_SHAPE)
+
+
+def _check_call(u: Tensor, batch_sizes: list[int], weights: LoopWeights, state: _State) -> None:
+    """What a call brings beside the weights: the inputs' width, the state, the batch sizes."""
+    layers, hidden, num_inputs = weights.num_layers, weights.hidden, weights.num_inputs
+    if u.dim() >= 2 and u.shape[1] != num_inputs:  # the weights were checked for this width
+        want = [2 + hidden + u.shape[1], 4 * hidden]
+        raise ValueError(f"w_cat[0] must have shape {want}, got {list(weights.w0.shape)}")
+    b_max = batch_sizes[0] if batch_sizes else 0
+    _check_each(
+        [
+            ("h0", state[0], (layers, b_max, hidden)),
+            ("c0", state[1], (layers, b_max, hidden)),
+            ("p0", state[2], (b_max, 2)),
+        ]
+    )
+    if u.dim() != 2:
+        raise ValueError(_WEIGHTS_SHAPE)
     if not batch_sizes or sum(batch_sizes) != u.shape[0] or batch_sizes[-1] < 1:
         raise ValueError(f"batch_sizes must be positive and sum to {u.shape[0]} rows")
     if any(a < b for a, b in itertools.pairwise(batch_sizes)):
@@ -640,75 +670,147 @@ def _one_openblas_thread(table: np.ndarray[Any, Any]) -> Iterator[None]:
         _OPENBLAS_THREADS(before)
 
 
-def loop_arguments(
-    u: Tensor,
-    batch_sizes: list[int],
-    w_cat: list[Tensor],
-    bias: list[Tensor],
+@dataclasses.dataclass(frozen=True)
+class LoopWeights:
+    """Fused weights (as :func:`rollout_packed_numba` takes them) in the compiled loop's layout
+    and dtype, their shapes checked; what :class:`NumbaRollout` keeps between a model's calls."""
+
+    w0: np.ndarray[Any, Any]  # [2 + H + I, 4H]: layer 0's rows for (p, h_0, u)
+    w_up: np.ndarray[Any, Any]  # [L - 1, 2H, 4H]: layer l's rows for (h_{l-1}, h_l)
+    bias: np.ndarray[Any, Any]  # [L, 4H]
+    w_out_t: np.ndarray[Any, Any]  # [2, H]
+    b_out: np.ndarray[Any, Any]  # [2]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.bias.shape[0])
+
+    @property
+    def hidden(self) -> int:
+        return int(self.bias.shape[1]) // 4
+
+    @property
+    def num_inputs(self) -> int:
+        return int(self.w0.shape[0]) - 2 - self.hidden
+
+
+def _as_array(t: Tensor, dtype: torch.dtype) -> np.ndarray[Any, Any]:
+    return t.detach().to(dtype).contiguous().numpy()
+
+
+def loop_weights(
+    w_cat: Sequence[Tensor],
+    bias: Sequence[Tensor],
     w_out: Tensor,
     b_out: Tensor,
-    h0: Tensor | None = None,
-    c0: Tensor | None = None,
-    p0: Tensor | None = None,
-    gemm_from: int | None = None,
-    routes: np.ndarray[Any, Any] | None = None,
-) -> dict[str, Any]:
-    """The compiled loop's arguments, by its parameters' names and in their order, for
-    :func:`rollout_packed_numba`'s arguments (checked here): the weights in the loop's layout
-    and the state buffers, which the loop updates in place."""
-    if u.device.type != "cpu":
-        raise ValueError(f"the numba rollout runs on CPU tensors, got {u.device}")
-    if u.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"the numba rollout takes float32 or float64, got {u.dtype}")
-    dtype = u.dtype
-    num_layers = len(w_cat)
-    hidden = w_cat[0].shape[1] // 4
-    _check_shapes(u, batch_sizes, w_cat, bias, w_out, b_out, (h0, c0, p0))
-    b_max = batch_sizes[0]  # after the check: no batch sizes at all are refused there
-
-    def arr(t: Tensor) -> np.ndarray[Any, Any]:
-        return t.detach().to(dtype).contiguous().numpy()
-
-    w0 = arr(w_cat[0])  # [2 + H + I, 4H]
-    if num_layers > 1:
-        w_up = arr(torch.stack(w_cat[1:]))  # [L - 1, 2H, 4H]
+    dtype: torch.dtype,
+    num_inputs: int,
+) -> LoopWeights:
+    """The weights in the loop's layout for inputs of ``num_inputs`` features (checked here)."""
+    _check_weights(w_cat, bias, w_out, b_out, num_inputs)
+    w0 = _as_array(w_cat[0], dtype)
+    if len(w_cat) > 1:
+        w_up = _as_array(torch.stack(list(w_cat[1:])), dtype)
     else:
-        w_up = np.zeros((0, 2 * hidden, 4 * hidden), dtype=w0.dtype)
+        w_up = np.zeros((0, w0.shape[1] // 2, w0.shape[1]), dtype=w0.dtype)
+    return LoopWeights(
+        w0,
+        w_up,
+        _as_array(torch.stack(list(bias)), dtype),
+        _as_array(w_out.t(), dtype),
+        _as_array(b_out, dtype),
+    )
+
+
+def _mkl_widths(table: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``[b_max + 1]`` bool: at which numbers of active rows some layer runs on MKL."""
+    mkl: np.ndarray[Any, Any] = (table == ROUTE_MKL).any(axis=0)
+    return mkl
+
+
+def _worth_packing(weights: LoopWeights, mkl_steps: int) -> bool:
+    # MKL packs float32 only; packing pays for itself over PACK_FROM_STEPS steps on MKL
+    is_float32 = weights.w0.dtype == np.float32
+    return is_float32 and _MKL_PACK is not None and mkl_steps >= PACK_FROM_STEPS
+
+
+def _packed_weights(weights: LoopWeights, n_rows: int) -> np.ndarray[Any, Any]:
+    return _pack_weights([weights.w0, *weights.w_up], n_rows)
+
+
+_UNPACKED: dict[int, np.ndarray[Any, Any]] = {}
+
+
+def _unpacked(num_layers: int) -> np.ndarray[Any, Any]:
+    """``[L, 0]`` bytes: the loop's sign that it multiplies by the plain weights."""
+    empty = _UNPACKED.get(num_layers)
+    if empty is None:
+        empty = _UNPACKED[num_layers] = np.zeros((num_layers, 0), dtype=np.uint8)
+    return empty
+
+
+def loop_arguments(
+    u: Tensor,
+    sizes: np.ndarray[Any, Any],
+    weights: LoopWeights,
+    state: _State,
+    table: np.ndarray[Any, Any],
+    packed: np.ndarray[Any, Any],
+) -> dict[str, Any]:
+    """The compiled loop's arguments, by its parameters' names and in their order: the weights
+    in the loop's layout and new state buffers, which the loop updates in place."""
+    h0, c0, p0 = state
+    dtype = weights.w0.dtype
+    num_layers, hidden, b_max = weights.num_layers, weights.hidden, int(sizes[0])
     # the state buffers, laid out as each layer's GEMM reads them (see the module docstring)
-    z0 = np.zeros((b_max, 2 + hidden + u.shape[1]), dtype=w_up.dtype)
-    z_up = np.zeros((num_layers - 1, b_max, 2 * hidden), dtype=w_up.dtype)
-    c = np.zeros((num_layers, b_max, hidden), dtype=w_up.dtype) if c0 is None else arr(c0).copy()
+    z0 = np.zeros((b_max, 2 + hidden + u.shape[1]), dtype=dtype)
+    z_up = np.zeros((num_layers - 1, b_max, 2 * hidden), dtype=dtype)
+    if c0 is None:
+        c = np.zeros((num_layers, b_max, hidden), dtype=dtype)
+    else:
+        c = _as_array(c0, u.dtype).copy()
     if p0 is not None:
-        z0[:, :2] = arr(p0)
+        z0[:, :2] = _as_array(p0, u.dtype)
     if h0 is not None:
-        h = arr(h0)
+        h = _as_array(h0, u.dtype)
         z0[:, 2 : 2 + hidden] = h[0]
         for layer in range(1, num_layers):
             z_up[layer - 1, :, :hidden] = h[layer - 1]
             z_up[layer - 1, :, hidden:] = h[layer]
-    out = np.empty((u.shape[0], 2), dtype=w_up.dtype)
-    table = route_table(num_layers, b_max, gemm_from, routes)
-    sizes = np.asarray(batch_sizes, dtype=np.int64)
-    blas_steps = int((table == ROUTE_MKL).any(axis=0)[sizes].sum())  # steps some layer runs on MKL
-    if dtype == torch.float32 and _MKL_PACK is not None and blas_steps >= PACK_FROM_STEPS:
-        packed = _pack_weights([w0, *w_up], b_max)
-    else:
-        packed = np.zeros((num_layers, 0), dtype=np.uint8)
     return {
-        "u": arr(u),
+        "u": _as_array(u, u.dtype),
         "batch_sizes": sizes,
-        "w0": w0,
-        "w_up": w_up,
-        "bias": arr(torch.stack(bias)),
-        "w_out_t": arr(w_out.t()),
-        "b_out": arr(b_out),
+        "w0": weights.w0,
+        "w_up": weights.w_up,
+        "bias": weights.bias,
+        "w_out_t": weights.w_out_t,
+        "b_out": weights.b_out,
         "z0": z0,
         "z_up": z_up,
         "c": c,
-        "out": out,
+        "out": np.empty((u.shape[0], 2), dtype=dtype),
         "routes": table,
         "packed": packed,
     }
+
+
+def _run_loop(args: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Run the compiled loop on ``args``; the positions and each sequence's final state."""
+    with _one_openblas_thread(args["routes"]):
+        _rollout_loop_jit(*args.values())
+    z0, z_up, c, out = args["z0"], args["z_up"], args["c"], args["out"]
+    num_layers, b_max, hidden = c.shape
+    h_t = np.empty((num_layers, b_max, hidden), dtype=c.dtype)
+    h_t[0] = z0[:, 2 : 2 + hidden]
+    for layer in range(1, num_layers):
+        h_t[layer] = z_up[layer - 1, :, hidden:]
+    p_t = np.ascontiguousarray(z0[:, :2])
+    return (
+        torch.from_numpy(out),
+        torch.from_numpy(h_t),
+        torch.from_numpy(c),
+        torch.from_numpy(p_t),
+    )
 
 
 def rollout_packed_numba(
@@ -729,24 +831,120 @@ def rollout_packed_numba(
     float64).
 
     Returns the ``[N, 2]`` packed positions and the final state ``(h_T, c_T, p_T)``, each
-    sequence's state after its own last step. CPU tensors only; not differentiable.
+    sequence's state after its own last step. CPU tensors only; not differentiable. The weights
+    are rearranged into the loop's layout on every call; :class:`NumbaRollout` keeps them.
     """
-    args = loop_arguments(u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0, gemm_from, routes)
-    with _one_openblas_thread(args["routes"]):
-        _rollout_loop_jit(*args.values())
-    z0, z_up, c, out = args["z0"], args["z_up"], args["c"], args["out"]
-    num_layers, b_max, hidden = c.shape
-    h_t = np.empty((num_layers, b_max, hidden), dtype=c.dtype)
-    h_t[0] = z0[:, 2 : 2 + hidden]
-    for layer in range(1, num_layers):
-        h_t[layer] = z_up[layer - 1, :, hidden:]
-    p_t = np.ascontiguousarray(z0[:, :2])
-    return (
-        torch.from_numpy(out),
-        torch.from_numpy(h_t),
-        torch.from_numpy(c),
-        torch.from_numpy(p_t),
-    )
+    _check_input(u)
+    width = u.shape[1] if u.dim() >= 2 else 0
+    weights = loop_weights(w_cat, bias, w_out, b_out, u.dtype, width)
+    state = (h0, c0, p0)
+    _check_call(u, batch_sizes, weights, state)
+    table = route_table(weights.num_layers, batch_sizes[0], gemm_from, routes)
+    sizes = np.asarray(batch_sizes, dtype=np.int64)
+    if _worth_packing(weights, int(_mkl_widths(table)[sizes].sum())):
+        packed = _packed_weights(weights, batch_sizes[0])
+    else:
+        packed = _unpacked(weights.num_layers)
+    return _run_loop(loop_arguments(u, sizes, weights, state, table, packed))
+
+
+# a NumbaRollout keeps MKL's packed weights for this many batch widths (the newest)
+PACKED_WIDTHS_KEPT = 8
+
+
+class NumbaRollout:
+    """:func:`rollout_packed_numba` bound to one model, as :meth:`Traveller.compile_rollout`
+    sets it: the GEMM ``routes`` of a plan (None: the fixed routes) for calls in ``dtype``, and
+    the model's weights in the loop's layout (and MKL's packing of them), made on the first call
+    and kept while the same weight tensors come back unchanged (the Traveller hands every call
+    the same fused tensors until a parameter changes; an in-place change bumps a tensor's version
+    counter). Calls in another dtype, or with their own ``gemm_from`` or ``routes``, run the
+    plain function."""
+
+    def __init__(
+        self, routes: np.ndarray[Any, Any] | None = None, dtype: torch.dtype = torch.float32
+    ) -> None:
+        self.routes = routes
+        self.dtype = dtype
+        # each cache is replaced whole, never changed in place: a call on another thread sees
+        # an old one or a new one, and at worst rebuilds what it finds missing
+        self._weights: tuple[tuple[Tensor, ...], tuple[int, ...], LoopWeights] | None = None
+        self._tables: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
+        self._packed: dict[int, np.ndarray[Any, Any]] = {}
+
+    def __call__(
+        self,
+        u: Tensor,
+        batch_sizes: list[int],
+        w_cat: list[Tensor],
+        bias: list[Tensor],
+        w_out: Tensor,
+        b_out: Tensor,
+        h0: Tensor | None = None,
+        c0: Tensor | None = None,
+        p0: Tensor | None = None,
+        **options: Any,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        args = (u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0)
+        if options or u.dtype != self.dtype:
+            if u.dtype == self.dtype and "gemm_from" not in options:
+                options.setdefault("routes", self.routes)
+            return rollout_packed_numba(*args, **options)
+        _check_input(u)
+        weights = self._loop_weights(u, w_cat, bias, w_out, b_out)
+        state = (h0, c0, p0)
+        _check_call(u, batch_sizes, weights, state)
+        b_max = batch_sizes[0]
+        table, mkl_widths = self._table(weights.num_layers, b_max)
+        sizes = np.asarray(batch_sizes, dtype=np.int64)
+        packed = _unpacked(weights.num_layers)
+        if _worth_packing(weights, int(mkl_widths[sizes].sum())):
+            packed = self._packed_for(weights, b_max)
+        return _run_loop(loop_arguments(u, sizes, weights, state, table, packed))
+
+    def _loop_weights(
+        self, u: Tensor, w_cat: list[Tensor], bias: list[Tensor], w_out: Tensor, b_out: Tensor
+    ) -> LoopWeights:
+        sources = (*w_cat, *bias, w_out, b_out)
+        try:
+            versions = tuple(t._version for t in sources)
+        except RuntimeError:  # inference tensors (made under inference_mode) have no version
+            return loop_weights(w_cat, bias, w_out, b_out, u.dtype, u.shape[1])
+        kept = self._weights
+        if (
+            kept is not None
+            and kept[1] == versions
+            and len(kept[0]) == len(sources)
+            and all(a is b for a, b in zip(kept[0], sources, strict=True))
+        ):
+            return kept[2]
+        width = u.shape[1] if u.dim() >= 2 else 0
+        weights = loop_weights(w_cat, bias, w_out, b_out, u.dtype, width)
+        self._weights, self._tables, self._packed = (sources, versions, weights), {}, {}
+        return weights
+
+    def _table(
+        self, num_layers: int, b_max: int
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The route table for ``b_max`` rows, and at which widths some layer runs on MKL."""
+        kept = self._tables.get(b_max)
+        if kept is None:
+            table = route_table(num_layers, b_max, routes=self.routes)
+            kept = (table, _mkl_widths(table))
+            self._tables = {**self._tables, b_max: kept}
+        return kept
+
+    def _packed_for(self, weights: LoopWeights, b_max: int) -> np.ndarray[Any, Any]:
+        packed = self._packed.get(b_max)
+        if packed is None:
+            packed = _packed_weights(weights, b_max)
+            newest = list(self._packed.items())[1 - PACKED_WIDTHS_KEPT :]
+            self._packed = {**dict(newest), b_max: packed}
+        return packed
+
+    def __repr__(self) -> str:
+        routes = "fixed routes" if self.routes is None else describe_routes(self.routes)
+        return f"NumbaRollout({routes}, {self.dtype})"
 
 
 def compile_for(dtype: torch.dtype) -> None:
@@ -884,25 +1082,6 @@ def plan_routes(
     measured once per process for each set of layer shapes, dtype and ``widths``."""
     dims = tuple((int(w.shape[0]), int(w.shape[1])) for w in w_cat)
     return _plan(dims, dtype, widths)
-
-
-class PlannedRollout:
-    """:func:`rollout_packed_numba` with the routes of a plan for calls in ``dtype``; calls in
-    another dtype, or with their own ``gemm_from`` or ``routes``, take those instead."""
-
-    def __init__(self, routes: np.ndarray[Any, Any], dtype: torch.dtype = torch.float32) -> None:
-        self.routes = routes
-        self.dtype = dtype
-
-    def __call__(
-        self, u: Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        if u.dtype == self.dtype and "gemm_from" not in kwargs:
-            kwargs.setdefault("routes", self.routes)
-        return rollout_packed_numba(u, *args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"PlannedRollout({describe_routes(self.routes)}, {self.dtype})"
 
 
 def describe_routes(routes: np.ndarray[Any, Any]) -> str:

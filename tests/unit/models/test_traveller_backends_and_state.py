@@ -83,7 +83,7 @@ def test_compile_rollout_sets_the_function_and_its_name() -> None:
     model.compile_rollout("numba")
     assert model.rollout_backend == "numba"
     planned = model._rollout_fn
-    assert isinstance(planned, rollout_cpu.PlannedRollout)
+    assert isinstance(planned, rollout_cpu.NumbaRollout)
     w_cat = model.fused_weights()[0]
     assert planned.routes is rollout_cpu.plan_routes(w_cat)  # planned for this model's shapes
     assert planned.routes.shape == (1, rollout_cpu.PLAN_WIDTHS + 1)
@@ -100,14 +100,15 @@ def test_fixed_gemm_routes_run_the_unplanned_kernel_in_every_process() -> None:
     model = Traveller(2, 4, 1)
     model.compile_rollout("numba", "fixed")
     assert model.rollout_backend == "numba"
-    assert model._rollout_fn is rollout_cpu.rollout_packed_numba  # no plan: the fixed routes
+    assert isinstance(model._rollout_fn, rollout_cpu.NumbaRollout)
+    assert model._rollout_fn.routes is None  # no plan: the fixed routes
     assert model.rollout_routes is None
     assert "rollout_routes" not in models.describe(model)["config"]
     model.compile_rollout("numba", "measured")
-    assert isinstance(model._rollout_fn, rollout_cpu.PlannedRollout)
+    assert model._rollout_fn.routes is not None
     loaded = models.load("traveller", rollout_backend="numba", rollout_gemm_routes="fixed")
-    assert loaded._rollout_fn is rollout_cpu.rollout_packed_numba
-    assert isinstance(models.load("traveller")._rollout_fn, rollout_cpu.PlannedRollout)
+    assert loaded._rollout_fn.routes is None
+    assert models.load("traveller")._rollout_fn.routes is not None
 
 
 def test_a_new_traveller_has_no_dropout_and_says_its_config() -> None:

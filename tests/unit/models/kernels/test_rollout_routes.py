@@ -247,32 +247,34 @@ def test_plan_routes_measures_once_per_shape_and_the_plan_cannot_be_changed(
 
 
 @needs_openblas
-def test_a_planned_rollout_passes_its_routes_to_calls_in_its_dtype(
+def test_a_bound_rollout_runs_its_plan_for_calls_in_its_dtype(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    seen: list[Any] = []
-    real = rollout_cpu.rollout_packed_numba
+    """The route table that reaches the compiled loop: the plan's for calls in the plan's
+    dtype, the fixed one for another dtype, and a call's own ``gemm_from`` over the plan."""
+    tables: list[list[list[int]]] = []
+    real = rollout_cpu._run_loop
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append({k: kwargs.get(k) for k in ("routes", "gemm_from")})
-        return real(*args, **kwargs)
+    def spy(args: dict[str, Any]) -> Any:
+        tables.append(args["routes"].tolist())
+        return real(args)
 
-    monkeypatch.setattr(rollout_cpu, "rollout_packed_numba", spy)
+    monkeypatch.setattr(rollout_cpu, "_run_loop", spy)
     plan = every_route(2, 4, OPENBLAS)
-    planned = rollout_cpu.PlannedRollout(plan, torch.float32)
+    bound = rollout_cpu.NumbaRollout(plan, torch.float32)
     for dtype in (torch.float32, torch.float64):
         weights = bent_weights(8, 2, dtype)
         u, sizes = packed_inputs([3, 2], dtype)
         with torch.inference_mode():
             want = rollout_packed(u, sizes, *weights)
-            assert_same(planned(u, sizes, *weights), want, dtype)
+            assert_same(bound(u, sizes, *weights), want, dtype)
     weights = bent_weights(8, 2, torch.float32)
     u, sizes = packed_inputs([3, 2], torch.float32)
-    planned(u, sizes, *weights, gemm_from=1)
-    assert seen == [
-        {"routes": plan, "gemm_from": None},
-        {"routes": None, "gemm_from": None},  # float64: the unplanned routes
-        {"routes": None, "gemm_from": 1},  # its own choice wins
+    bound(u, sizes, *weights, gemm_from=1)
+    assert tables == [
+        [[OPENBLAS] * 3] * 2,  # the plan, up to the 2 rows of the batch
+        [[LOOP, LOOP, MKL]] * 2,  # float64: the fixed routes (GEMM_FROM = 2)
+        [[LOOP, MKL, MKL]] * 2,  # its own choice wins
     ]
 
 
