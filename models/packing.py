@@ -3,7 +3,7 @@
 Packed data is time-major: the rows for step ``t`` are the ``batch_sizes[t]`` sequences still
 active at that step, longest first. Both models work on that layout directly.
 
-Two ways in and out:
+Three ways in and out:
 
 - :func:`pack` / :func:`unpack` take and give a list of ``[T_i, F]`` tensors (through torch's
   ``pack_sequence`` / ``unpack_sequence``, which pad);
@@ -11,7 +11,9 @@ Two ways in and out:
   single ``[sum T_i, F]`` array plus their lengths (:class:`FlatSequences`), and move the rows
   with one gather each way: no padding, no per-sequence work. The row of sorted sequence ``j``
   at step ``t`` is ``offset[t] + j``, where ``offset[t]`` is the number of rows of all earlier
-  steps.
+  steps;
+- :func:`pack_sorted` / :func:`unpack_sorted` take sequences already longest first, as the
+  chunked rollout keeps its running ones: nothing to sort, no permutation to apply to a state.
 """
 
 from __future__ import annotations
@@ -36,6 +38,49 @@ def pack(sequences: Sequence[Tensor], device: torch.device | str | None = None) 
 def unpack(packed: PackedSequence) -> list[Tensor]:
     """Split a PackedSequence back into ``[T_i, ...]`` tensors in the original order."""
     return list(unpack_sequence(packed))
+
+
+def pack_sorted(
+    chunks: Sequence[np.ndarray], device: torch.device | str | None = None
+) -> PackedSequence:
+    """Pack ``[T_i, F]`` arrays that come longest first (lengths non-increasing, each >= 1).
+
+    They are in packed order already: nothing to sort (the result's ``sorted_indices`` is None,
+    so its state rows are the sequences' own order) and each row is copied once to its place.
+    """
+    lengths = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
+    if len(lengths) == 0 or lengths[-1] < 1 or bool((lengths[1:] > lengths[:-1]).any()):
+        raise ValueError("need one or more sequences, longest first, each of length >= 1")
+    batch_sizes, offsets = _sorted_layout(lengths)
+    flat = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+    out = np.empty_like(flat)
+    _interleave_rows(flat.reshape(len(flat), -1), lengths, offsets, out.reshape(len(out), -1))
+    return _to(PackedSequence(torch.from_numpy(out), torch.from_numpy(batch_sizes)), device)
+
+
+def unpack_sorted(packed: PackedSequence) -> Tensor:
+    """The inverse of :func:`pack_sorted`: ``[sum T_i, ...]`` rows, one sequence after another,
+    longest first; ``packed`` on the CPU, with no ``sorted_indices``."""
+    if packed.sorted_indices is not None:
+        raise ValueError("unpack_sorted takes a batch packed longest first (no sorted_indices)")
+    batch_sizes = packed.batch_sizes.numpy()
+    # sequence j is as long as the number of steps with more than j active rows
+    steps_of_width = np.bincount(batch_sizes - 1, minlength=int(batch_sizes[0]))
+    lengths = np.cumsum(steps_of_width[::-1])[::-1]
+    _, offsets = _sorted_layout(lengths)
+    src = packed.data.contiguous().numpy()
+    out = np.empty_like(src)
+    _deinterleave_rows(src.reshape(len(src), -1), lengths, offsets, out.reshape(len(out), -1))
+    return torch.from_numpy(out)
+
+
+def _sorted_layout(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Batch sizes and each step's first packed row, for lengths given longest first."""
+    counts = np.bincount(lengths, minlength=int(lengths[0]) + 1)
+    batch_sizes = len(lengths) - np.cumsum(counts)[: int(lengths[0])]
+    offsets = np.zeros(len(batch_sizes), np.int64)
+    np.cumsum(batch_sizes[:-1], out=offsets[1:])
+    return batch_sizes, offsets
 
 
 def active_fraction(lengths: Sequence[int] | np.ndarray) -> float:
@@ -157,6 +202,27 @@ def _rows(lengths: Any, rank: Any, offsets: Any, rows: Any, gather: Any) -> None
             k += 1
 
 
+def _interleave(flat: Any, lengths: Any, offsets: Any, out: Any) -> None:
+    # flat row k, sequence j's step t, -> packed row offsets[t] + j
+    k = 0
+    for j in range(lengths.shape[0]):
+        for t in range(lengths[j]):
+            r = offsets[t] + j
+            for f in range(flat.shape[1]):
+                out[r, f] = flat[k, f]
+            k += 1
+
+
+def _deinterleave(packed: Any, lengths: Any, offsets: Any, out: Any) -> None:
+    k = 0
+    for j in range(lengths.shape[0]):
+        for t in range(lengths[j]):
+            r = offsets[t] + j
+            for f in range(packed.shape[1]):
+                out[k, f] = packed[r, f]
+            k += 1
+
+
 def _scatter(src: Any, rows: Any, out: Any) -> None:
     for k in range(src.shape[0]):
         r = rows[k]
@@ -175,6 +241,8 @@ _JIT: dict[str, Any] = {"cache": False, "nogil": True, "boundscheck": False}
 _row_indices = numba.njit(**_JIT)(_rows)
 _scatter_rows = numba.njit(**_JIT)(_scatter)
 _gather_rows = numba.njit(**_JIT)(_gather)
+_interleave_rows = numba.njit(**_JIT)(_interleave)
+_deinterleave_rows = numba.njit(**_JIT)(_deinterleave)
 
 
 def _to(packed: PackedSequence, device: torch.device | str | None) -> PackedSequence:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rnnserve.models.packing import active_fraction, pack, unpack
+from rnnserve.models.packing import active_fraction, pack_sorted, unpack_sorted
 from rnnserve.models.traveller import RolloutState, Traveller
 from rnnserve.service.interface import Piece
 
@@ -50,7 +50,9 @@ class ChunkedRollout:
         self.model = model
         self.device = device
         self.chunk_steps = chunk_steps
-        self._running: list[_Sequence] = []  # row i of the state is _running[i]
+        # row i of the state is _running[i]; longest left first, so a chunk's batch is packed
+        # as it stands (pack_sorted): no sort, no permutation of the state in and out
+        self._running: list[_Sequence] = []
         self._state: RolloutState | None = None
         self._pending: dict[int, int] = {}  # request key -> sequences not yet finished
         self._requests: dict[int, list[_Sequence]] = {}
@@ -118,6 +120,8 @@ class ChunkedRollout:
     ) -> None:
         new: list[_Sequence] = []
         parts: list[RolloutState] = []
+        if not joins:
+            return
         m = self.model
         dtype = next(m.parameters()).dtype
         for key, arrays in joins:
@@ -151,22 +155,35 @@ class ChunkedRollout:
                 torch.cat([old.p, fresh.p], 0),
             )
         self._running.extend(new)
+        self._sort_longest_first()
+
+    def _sort_longest_first(self) -> None:
+        # Only a join can break the order: a chunk takes the same steps from every sequence
+        # that outlives it, so the survivors keep theirs.
+        order = sorted(range(len(self._running)), key=lambda i: -self._running[i].left)
+        if order == list(range(len(order))):
+            return
+        self._running = [self._running[i] for i in order]
+        if self._state is not None:
+            rows = torch.tensor(order, dtype=torch.long, device=self.device)
+            self._state = self._state.index(rows)
 
     def _run_chunk(self) -> dict[int, list[Piece]]:
         assert self._state is not None
         lengths = [min(s.left, self.chunk_steps) for s in self._running]
         self.last_active_fraction = active_fraction(lengths)
-        pieces = [
-            torch.from_numpy(s.inputs[s.done : s.done + n])
-            for s, n in zip(self._running, lengths, strict=True)
-        ]
+        running = zip(self._running, lengths, strict=True)
+        pieces = [s.inputs[s.done : s.done + n] for s, n in running]
         with torch.inference_mode():
-            packed, state = self.model.rollout_with_state(pack(pieces, self.device), self._state)
-            outs = unpack(packed.cpu())
+            batch = pack_sorted(pieces, self.device)
+            packed, state = self.model.rollout_with_state(batch, self._state)
+            flat = unpack_sorted(packed.cpu()).numpy()
         progress: dict[int, list[Piece]] = {}
-        for seq, n, out in zip(self._running, lengths, outs, strict=True):
+        first = 0
+        for seq, n in zip(self._running, lengths, strict=True):
             start = seq.done
-            seq.outputs[start : start + n] = out.numpy()
+            seq.outputs[start : start + n] = flat[first : first + n]
+            first += n
             seq.done += n
             progress.setdefault(seq.key, []).append(
                 (seq.index, start, seq.outputs[start : seq.done])

@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 from torch.nn.utils.rnn import pack_sequence, unpack_sequence
 
 from rnnserve.models import packing
-from rnnserve.models.packing import pack, pack_flat, plan, unpack, unpack_flat
+from rnnserve.models.packing import (
+    pack,
+    pack_flat,
+    pack_sorted,
+    plan,
+    unpack,
+    unpack_flat,
+    unpack_sorted,
+)
 from rnnserve.service.interface import FlatSequences
 
 LENGTHS = st.lists(st.integers(1, 12), min_size=1, max_size=12)
@@ -46,6 +54,33 @@ def test_pack_flat_equals_pack_sequence(lengths: list[int], width: int) -> None:
     back = unpack_flat(ref, lengths)
     assert torch.equal(back, torch.cat(unpack_sequence(ref)))
     assert torch.equal(back, data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(LENGTHS, st.sampled_from([(1,), (3,), (2, 3)]))
+def test_pack_sorted_equals_pack_sequence_of_sequences_longest_first(
+    lengths: list[int], features: tuple[int, ...]
+) -> None:
+    lengths = sorted(lengths, reverse=True)
+    width = int(np.prod(features))
+    data = _data(lengths, width).reshape(sum(lengths), *features)
+    chunks = [c.numpy() for c in data.split(lengths)]
+    ref = pack_sequence(list(data.split(lengths)))  # enforce_sorted: no indices either
+    packed = pack_sorted(chunks)
+    assert packed.data.dtype == ref.data.dtype
+    assert torch.equal(packed.data, ref.data)
+    assert torch.equal(packed.batch_sizes, ref.batch_sizes)
+    assert packed.sorted_indices is None
+    assert packed.unsorted_indices is None
+    assert torch.equal(unpack_sorted(packed), data)  # one sequence after another
+
+
+def test_pack_sorted_refuses_what_is_not_longest_first() -> None:
+    for chunks in ([], [np.zeros((2, 3)), np.zeros((3, 3))], [np.zeros((2, 3)), np.zeros((0, 3))]):
+        with pytest.raises(ValueError, match="longest first, each of length >= 1"):
+            pack_sorted(chunks)
+    with pytest.raises(ValueError, match="no sorted_indices"):
+        unpack_sorted(pack([torch.zeros(2, 3), torch.zeros(3, 3)]))
 
 
 @pytest.mark.parametrize("lengths", [[1], [7], [4, 4, 4, 4], [1, 1, 1], [2, 5, 5, 1, 5]])
