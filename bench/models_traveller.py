@@ -44,13 +44,12 @@ from bench.padding import padded_time_major
 from rnnserve.models.kernels import ema_packed_numba
 from rnnserve.models.packing import pack
 from rnnserve.models.traveller import (
-    ROLLOUT_BACKENDS,
-    RolloutBackend,
     Traveller,
     TravellerConfig,
     rollout_backend_fn,
     scripted_rollout,
 )
+from rnnserve.options import ROLLOUT_BACKENDS, RolloutBackend
 
 SWEEP_ROUNDS = 5  # interleaved calls of each JAX variant before the fastest is kept
 

@@ -29,7 +29,8 @@ from rnnserve.models import torchscript
 from rnnserve.models.recurrent import RecurrentConfig, RecurrentModel
 from rnnserve.models.smoothing import LinearRecursion, SmootherConfig
 from rnnserve.models.torchscript import TorchScriptModel
-from rnnserve.models.traveller import GemmRoutes, RolloutBackend, Traveller, TravellerConfig
+from rnnserve.models.traveller import Traveller, TravellerConfig
+from rnnserve.options import GemmRoutes, RolloutBackend
 
 __all__ = [
     "DEFAULT_MODEL_DIR",

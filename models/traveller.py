@@ -15,16 +15,14 @@ import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import List, Literal, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-RolloutBackend = Literal["auto", "eager", "torchscript", "numba", "triton"]
-# how the numba rollout picks each GEMM: timed on this CPU at load, or the same in every process
-GemmRoutes = Literal["measured", "fixed"]
-ROLLOUT_BACKENDS: tuple[str, ...] = ("auto", "eager", "torchscript", "numba", "triton")
+from rnnserve.options import ROLLOUT_BACKENDS, GemmRoutes, RolloutBackend
+
 # (w_cat, bias, w_out, b_out): see rollout_packed's arguments
 FusedWeights = tuple[list[Tensor], list[Tensor], Tensor, Tensor]
 # (u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0) -> (positions, h_T, c_T, p_T)

@@ -11,6 +11,8 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rnnserve.options import GemmRoutes, RolloutBackend
+
 ENV_PREFIX = "RNNSERVE_"
 
 
@@ -112,11 +114,11 @@ class Settings(BaseSettings):
     torch_threads: int = Field(
         1, ge=1, description="Intra-op threads torch uses in the model worker thread."
     )
-    rollout_backend: Literal["auto", "torchscript", "eager", "numba", "triton"] = Field(
+    rollout_backend: RolloutBackend = Field(
         "auto",
         description="How the Traveller's rollout loop runs; auto: the fastest for the device.",
     )
-    rollout_gemm_routes: Literal["measured", "fixed"] = Field(
+    rollout_gemm_routes: GemmRoutes = Field(
         "measured",
         description="How the numba rollout picks each layer's matrix product at each number of "
         "active sequences: measured (the fastest of its routes on this CPU, timed at load; "

@@ -115,6 +115,8 @@ RULES = [
     ("service/http/tracing.py", OPENTELEMETRY),
     ("service/engine/tracing.py", {"torch", "numpy", "rnnserve.models", *OPENTELEMETRY}),
     ("service/config.py", {*LIGHT, *SERVER}),
+    # the rollout settings' values, shared by the configuration and the models: typing only
+    ("rnnserve/options.py", {*LIGHT, *SERVER, "numba", "numpy", "pydantic", "rnnserve"}),
     # the client: only the endpoint registry of the server's modules
     *(
         (
