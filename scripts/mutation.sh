@@ -84,7 +84,12 @@ tests_for() {
     # one subset per kernel file: the triton ones run under TRITON_INTERPRET=1 (seconds a test)
     models/kernels/smoother_cpu.py) echo tests/unit/models/test_smoothing.py \
                                          tests/unit/models/test_smoother_kernel_choice.py ;;
-    models/kernels/rollout_cpu.py) echo tests/unit/models/kernels/test_rollout_cpu.py tests/unit/models/kernels/test_kernel_host_code.py ;;
+    models/kernels/rollout_cpu.py) echo tests/unit/models/kernels/test_rollout_cpu.py tests/unit/models/kernels/test_kernel_host_code.py \
+                                        tests/unit/models/kernels/test_rollout_routes.py \
+                                        tests/unit/models/kernels/test_rollout_weights_kept.py ;;
+    # the chunks of continuous batching: each sequence against itself alone, the carried state
+    service/engine/chunked_rollout.py) echo tests/unit/engine/test_chunked_rollout.py \
+                                            tests/unit/engine/test_carried_state.py ;;
     models/kernels/smoother_triton.py) echo tests/unit/models/kernels/test_smoother_triton.py \
                                             tests/unit/models/kernels/test_triton_edges.py ;;
     models/kernels/rollout_triton.py) echo tests/unit/models/kernels/test_rollout_triton.py \

@@ -852,6 +852,24 @@ def rollout_packed_numba(
 PACKED_WIDTHS_KEPT = 8
 
 
+@dataclasses.dataclass(eq=False)
+class _Prepared:
+    """One model's weights in the loop's layout, the tensors they were made from (and their
+    versions), and what is derived from them per batch width: route tables, MKL's packing."""
+
+    sources: tuple[Tensor, ...]
+    versions: tuple[int, ...]
+    weights: LoopWeights
+    # replaced whole, never changed in place: a call on another thread sees an old dict or a
+    # new one, and at worst builds again what it finds missing
+    tables: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]
+    packed: dict[int, np.ndarray[Any, Any]]
+
+    def made_from(self, sources: tuple[Tensor, ...], versions: tuple[int, ...]) -> bool:
+        same = len(self.sources) == len(sources) and self.versions == versions
+        return same and all(a is b for a, b in zip(self.sources, sources, strict=True))
+
+
 class NumbaRollout:
     """:func:`rollout_packed_numba` bound to one model, as :meth:`Traveller.compile_rollout`
     sets it: the GEMM ``routes`` of a plan (None: the fixed routes) for calls in ``dtype``, and
@@ -866,11 +884,9 @@ class NumbaRollout:
     ) -> None:
         self.routes = routes
         self.dtype = dtype
-        # each cache is replaced whole, never changed in place: a call on another thread sees
-        # an old one or a new one, and at worst rebuilds what it finds missing
-        self._weights: tuple[tuple[Tensor, ...], tuple[int, ...], LoopWeights] | None = None
-        self._tables: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
-        self._packed: dict[int, np.ndarray[Any, Any]] = {}
+        # replaced whole when the weights change, with everything derived from them, so that a
+        # call never pairs new weights with packing made from old ones
+        self._prepared: _Prepared | None = None
 
     def __call__(
         self,
@@ -891,60 +907,60 @@ class NumbaRollout:
                 options.setdefault("routes", self.routes)
             return rollout_packed_numba(*args, **options)
         _check_input(u)
-        weights = self._loop_weights(u, w_cat, bias, w_out, b_out)
-        state = (h0, c0, p0)
+        prepared = self._prepare(u, w_cat, bias, w_out, b_out)
+        weights, state = prepared.weights, (h0, c0, p0)
         _check_call(u, batch_sizes, weights, state)
         b_max = batch_sizes[0]
-        table, mkl_widths = self._table(weights.num_layers, b_max)
+        table, mkl_widths = self._table(prepared, b_max)
         sizes = np.asarray(batch_sizes, dtype=np.int64)
         packed = _unpacked(weights.num_layers)
         if _worth_packing(weights, int(mkl_widths[sizes].sum())):
-            packed = self._packed_for(weights, b_max)
+            packed = _packed_for(prepared, b_max)
         return _run_loop(loop_arguments(u, sizes, weights, state, table, packed))
 
-    def _loop_weights(
+    def _prepare(
         self, u: Tensor, w_cat: list[Tensor], bias: list[Tensor], w_out: Tensor, b_out: Tensor
-    ) -> LoopWeights:
+    ) -> _Prepared:
         sources = (*w_cat, *bias, w_out, b_out)
+        width = u.shape[1] if u.dim() >= 2 else 0
         try:
             versions = tuple(t._version for t in sources)
         except RuntimeError:  # inference tensors (made under inference_mode) have no version
-            return loop_weights(w_cat, bias, w_out, b_out, u.dtype, u.shape[1])
-        kept = self._weights
-        if (
-            kept is not None
-            and kept[1] == versions
-            and len(kept[0]) == len(sources)
-            and all(a is b for a, b in zip(kept[0], sources, strict=True))
-        ):
-            return kept[2]
-        width = u.shape[1] if u.dim() >= 2 else 0
+            versions = ()
+        kept = self._prepared
+        if kept is not None and kept.made_from(sources, versions):
+            return kept
         weights = loop_weights(w_cat, bias, w_out, b_out, u.dtype, width)
-        self._weights, self._tables, self._packed = (sources, versions, weights), {}, {}
-        return weights
+        prepared = _Prepared(sources, versions, weights, {}, {})
+        if versions:  # kept only where a change would show
+            self._prepared = prepared
+        return prepared
 
     def _table(
-        self, num_layers: int, b_max: int
+        self, prepared: _Prepared, b_max: int
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """The route table for ``b_max`` rows, and at which widths some layer runs on MKL."""
-        kept = self._tables.get(b_max)
+        kept = prepared.tables.get(b_max)
         if kept is None:
-            table = route_table(num_layers, b_max, routes=self.routes)
+            table = route_table(prepared.weights.num_layers, b_max, routes=self.routes)
             kept = (table, _mkl_widths(table))
-            self._tables = {**self._tables, b_max: kept}
+            prepared.tables = {**prepared.tables, b_max: kept}
         return kept
-
-    def _packed_for(self, weights: LoopWeights, b_max: int) -> np.ndarray[Any, Any]:
-        packed = self._packed.get(b_max)
-        if packed is None:
-            packed = _packed_weights(weights, b_max)
-            newest = list(self._packed.items())[1 - PACKED_WIDTHS_KEPT :]
-            self._packed = {**dict(newest), b_max: packed}
-        return packed
 
     def __repr__(self) -> str:
         routes = "fixed routes" if self.routes is None else describe_routes(self.routes)
         return f"NumbaRollout({routes}, {self.dtype})"
+
+
+def _packed_for(prepared: _Prepared, b_max: int) -> np.ndarray[Any, Any]:
+    """MKL's packing of the prepared weights for ``b_max`` rows, kept for the newest
+    ``PACKED_WIDTHS_KEPT`` widths."""
+    packed = prepared.packed.get(b_max)
+    if packed is None:
+        packed = _packed_weights(prepared.weights, b_max)
+        newest = list(prepared.packed.items())[1 - PACKED_WIDTHS_KEPT :]
+        prepared.packed = {**dict(newest), b_max: packed}
+    return packed
 
 
 def compile_for(dtype: torch.dtype) -> None:
