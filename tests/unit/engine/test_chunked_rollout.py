@@ -99,6 +99,49 @@ def test_a_request_that_leaves_is_dropped_and_the_rest_continue() -> None:
     assert engine.running_sequences == 0
 
 
+def test_a_request_of_several_sequences_gets_each_ones_final_state_in_its_order() -> None:
+    """Its sequences run in the order of their steps left, not the request's: the final state
+    still has one row per sequence in the request's order, each that sequence's own."""
+    model = bent_model(num_inputs=2, hidden=4, dtype=torch.float32)
+    rng = np.random.default_rng(8)
+    seqs = [rng.standard_normal((n, 2)).astype(np.float32) for n in (5, 11, 8)]
+    engine = ChunkedRollout(model, CPU, 3)
+    engine.advance([(4, [seqs[0][:2]])], [])  # a sequence already running, then the request
+    done, _, _ = engine.advance([(9, seqs)], [], None, [9])
+    states = dict(engine.finished_states)
+    while 9 not in done:
+        done, _, _ = engine.advance([], [])
+        states.update(engine.finished_states)
+    final = states[9]
+    assert final.h.shape == (model.num_layers, 3, 4)
+    assert final.c.shape == (model.num_layers, 3, 4)
+    assert final.p.shape == (3, 2)
+    for i, u in enumerate(seqs):
+        with torch.inference_mode():
+            _, alone = model.rollout_with_state(pack([torch.from_numpy(u)]))
+        torch.testing.assert_close(final.h[:, i], alone.h[:, 0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(final.c[:, i], alone.c[:, 0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(final.p[i], alone.p[0], atol=1e-6, rtol=0)
+
+
+def test_leaving_a_request_that_is_not_running_changes_nothing() -> None:
+    """A client can go away as its request finishes, or before it joined: its leave then names
+    a request the chunk no longer (or never) had, and the others run on."""
+    model = bent_model(num_inputs=2, hidden=4, dtype=torch.float32)
+    rng = np.random.default_rng(5)
+    short, long = (rng.standard_normal((n, 2)).astype(np.float32) for n in (2, 7))
+    engine = ChunkedRollout(model, CPU, 3)
+    done, _, _ = engine.advance([(1, [short]), (2, [long])], [])
+    assert list(done) == [1]
+    finished = {}
+    for leaves in ([1], [77], []):  # finished already; never joined; then to the end
+        done, _, _ = engine.advance([], leaves)
+        finished.update(done)
+    while engine.running_sequences:
+        finished.update(engine.advance([], [])[0])
+    np.testing.assert_allclose(finished[2][0], solo(model, long), atol=1e-6, rtol=0)
+
+
 def test_a_failed_chunk_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     model = bent_model(num_inputs=2, hidden=4, dtype=torch.float32)
     engine = ChunkedRollout(model, CPU, 2)
