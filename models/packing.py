@@ -48,11 +48,11 @@ def pack_sorted(
     They are in packed order already: nothing to sort (the result's ``sorted_indices`` is None,
     so its state rows are the sequences' own order) and each row is copied once to its place.
     """
-    lengths = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
+    lengths = np.array([len(c) for c in chunks], dtype=np.int64)
     if len(lengths) == 0 or lengths[-1] < 1 or bool((lengths[1:] > lengths[:-1]).any()):
         raise ValueError("need one or more sequences, longest first, each of length >= 1")
     batch_sizes, offsets = _sorted_layout(lengths)
-    flat = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+    flat = np.concatenate(chunks)
     out = np.empty_like(flat)
     _interleave_rows(flat.reshape(len(flat), -1), lengths, offsets, out.reshape(len(out), -1))
     return _to(PackedSequence(torch.from_numpy(out), torch.from_numpy(batch_sizes)), device)
@@ -65,7 +65,7 @@ def unpack_sorted(packed: PackedSequence) -> Tensor:
         raise ValueError("unpack_sorted takes a batch packed longest first (no sorted_indices)")
     batch_sizes = packed.batch_sizes.numpy()
     # sequence j is as long as the number of steps with more than j active rows
-    steps_of_width = np.bincount(batch_sizes - 1, minlength=int(batch_sizes[0]))
+    steps_of_width = np.bincount(batch_sizes - 1)  # batch_sizes[0] long: the widest step
     lengths = np.cumsum(steps_of_width[::-1])[::-1]
     _, offsets = _sorted_layout(lengths)
     src = packed.data.contiguous().numpy()
@@ -76,7 +76,7 @@ def unpack_sorted(packed: PackedSequence) -> Tensor:
 
 def _sorted_layout(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Batch sizes and each step's first packed row, for lengths given longest first."""
-    counts = np.bincount(lengths, minlength=int(lengths[0]) + 1)
+    counts = np.bincount(lengths)  # lengths[0] + 1 long: lengths[0] is the longest
     batch_sizes = len(lengths) - np.cumsum(counts)[: int(lengths[0])]
     offsets = np.zeros(len(batch_sizes), np.int64)
     np.cumsum(batch_sizes[:-1], out=offsets[1:])

@@ -76,11 +76,25 @@ def test_pack_sorted_equals_pack_sequence_of_sequences_longest_first(
 
 
 def test_pack_sorted_refuses_what_is_not_longest_first() -> None:
-    for chunks in ([], [np.zeros((2, 3)), np.zeros((3, 3))], [np.zeros((2, 3)), np.zeros((0, 3))]):
-        with pytest.raises(ValueError, match="longest first, each of length >= 1"):
-            pack_sorted(chunks)
-    with pytest.raises(ValueError, match="no sorted_indices"):
+    lengths_refused = ([], [2, 3], [5, 2, 3], [2, 0])  # [5, 2, 3]: out of order after the first
+    for lengths in lengths_refused:
+        with pytest.raises(
+            ValueError, match=r"^need one or more sequences, longest first, each of length >= 1$"
+        ):
+            pack_sorted([np.zeros((n, 3)) for n in lengths])
+    refusal = r"^unpack_sorted takes a batch packed longest first \(no sorted_indices\)$"
+    with pytest.raises(ValueError, match=refusal):
         unpack_sorted(pack([torch.zeros(2, 3), torch.zeros(3, 3)]))
+
+
+def test_pack_sorted_data_goes_to_the_requested_device() -> None:
+    chunks = [_data([3, 1, 2]).numpy()[i : i + n] for i, n in ((0, 3), (3, 2), (5, 1))]
+    moved = pack_sorted(chunks, device="meta")  # "meta" stands in for an accelerator
+    assert moved.data.device.type == "meta"
+    assert moved.data.shape == (6, 3)
+    assert moved.batch_sizes.device.type == "cpu"
+    assert moved.batch_sizes.tolist() == [3, 2, 1]
+    assert pack_sorted(chunks, device="cpu").data.device.type == "cpu"
 
 
 @pytest.mark.parametrize("lengths", [[1], [7], [4, 4, 4, 4], [1, 1, 1], [2, 5, 5, 1, 5]])
