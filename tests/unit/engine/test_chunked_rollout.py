@@ -61,6 +61,7 @@ def test_joins_between_chunks_equal_each_sequence_alone(
     for key, outs in results.items():
         assert len(outs) == len(inputs[key])
         for u, y in zip(inputs[key], outs, strict=True):
+            assert y.dtype == np.float32  # as the wire writes them: float32's shortest digits
             np.testing.assert_allclose(y, solo(model, u), atol=1e-6, rtol=0)
 
 
