@@ -582,6 +582,8 @@ def _check_each(want: list[tuple[str, Tensor | None, tuple[int, ...]]]) -> None:
 
 
 def _check_input(u: Tensor) -> None:
+    if u.dim() != 2:
+        raise ValueError(_WEIGHTS_SHAPE)
     if u.device.type != "cpu":
         raise ValueError(f"the numba rollout runs on CPU tensors, got {u.device}")
     if u.dtype not in (torch.float32, torch.float64):
@@ -609,7 +611,7 @@ def _check_weights(
 def _check_call(u: Tensor, batch_sizes: list[int], weights: LoopWeights, state: _State) -> None:
     """What a call brings beside the weights: the inputs' width, the state, the batch sizes."""
     layers, hidden, num_inputs = weights.num_layers, weights.hidden, weights.num_inputs
-    if u.dim() >= 2 and u.shape[1] != num_inputs:  # the weights were checked for this width
+    if u.shape[1] != num_inputs:  # the weights were checked for this width
         want = [2 + hidden + u.shape[1], 4 * hidden]
         raise ValueError(f"w_cat[0] must have shape {want}, got {list(weights.w0.shape)}")
     b_max = batch_sizes[0] if batch_sizes else 0
@@ -620,8 +622,6 @@ def _check_call(u: Tensor, batch_sizes: list[int], weights: LoopWeights, state: 
             ("p0", state[2], (b_max, 2)),
         ]
     )
-    if u.dim() != 2:
-        raise ValueError(_WEIGHTS_SHAPE)
     if not batch_sizes or sum(batch_sizes) != u.shape[0] or batch_sizes[-1] < 1:
         raise ValueError(f"batch_sizes must be positive and sum to {u.shape[0]} rows")
     if any(a < b for a, b in itertools.pairwise(batch_sizes)):
@@ -835,8 +835,7 @@ def rollout_packed_numba(
     are rearranged into the loop's layout on every call; :class:`NumbaRollout` keeps them.
     """
     _check_input(u)
-    width = u.shape[1] if u.dim() >= 2 else 0
-    weights = loop_weights(w_cat, bias, w_out, b_out, u.dtype, width)
+    weights = loop_weights(w_cat, bias, w_out, b_out, u.dtype, u.shape[1])
     state = (h0, c0, p0)
     _check_call(u, batch_sizes, weights, state)
     table = route_table(weights.num_layers, batch_sizes[0], gemm_from, routes)
@@ -902,9 +901,7 @@ class NumbaRollout:
         **options: Any,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         args = (u, batch_sizes, w_cat, bias, w_out, b_out, h0, c0, p0)
-        if options or u.dtype != self.dtype:
-            if u.dtype == self.dtype and "gemm_from" not in options:
-                options.setdefault("routes", self.routes)
+        if options or u.dtype != self.dtype:  # its own routes or gemm_from, or another dtype
             return rollout_packed_numba(*args, **options)
         _check_input(u)
         prepared = self._prepare(u, w_cat, bias, w_out, b_out)
@@ -922,7 +919,6 @@ class NumbaRollout:
         self, u: Tensor, w_cat: list[Tensor], bias: list[Tensor], w_out: Tensor, b_out: Tensor
     ) -> _Prepared:
         sources = (*w_cat, *bias, w_out, b_out)
-        width = u.shape[1] if u.dim() >= 2 else 0
         try:
             versions = tuple(t._version for t in sources)
         except RuntimeError:  # inference tensors (made under inference_mode) have no version
@@ -930,7 +926,7 @@ class NumbaRollout:
         kept = self._prepared
         if kept is not None and kept.made_from(sources, versions):
             return kept
-        weights = loop_weights(w_cat, bias, w_out, b_out, u.dtype, width)
+        weights = loop_weights(w_cat, bias, w_out, b_out, u.dtype, u.shape[1])
         prepared = _Prepared(sources, versions, weights, {}, {})
         if versions:  # kept only where a change would show
             self._prepared = prepared

@@ -175,21 +175,48 @@ def test_measure_routes_times_every_route_of_every_layer_shape(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[tuple[int, int]] = []
+    timed: list[tuple[Any, ...]] = []
     real = rollout_cpu._fastest_seconds_per_call
 
     def spy(fns: dict[int, Any]) -> dict[int, float]:
         calls.append((len(fns), fns[LOOP].args[4]))  # routes timed, width
+        timed.extend((key, *fn.args) for key, fn in fns.items())
         return real(fns)
 
     monkeypatch.setattr(rollout_cpu, "_fastest_seconds_per_call", spy)
-    dims = [(14, 32), (16, 32), (16, 32)]  # layers 1 and 2 share a shape: measured once
+    dims = [(16, 32), (16, 32), (14, 32)]  # layers 0 and 1 share a shape: measured once
     times = rollout_cpu.measure_routes(dims, dtype, widths=3)
     assert times.shape == (3, 3, 4)
     assert calls == [(3, 1), (3, 2), (3, 3)] * 2
     assert np.isinf(times[:, :, 0]).all()
     assert np.isfinite(times[:, :, 1:]).all()
     assert (times[:, :, 1:] > 0).all()
-    np.testing.assert_array_equal(times[:, 1], times[:, 2])
+    np.testing.assert_array_equal(times[:, 0], times[:, 1])
+    # each route is timed as the loop calls it: its number as int8, the layer's weights and
+    # three rows of inputs in the plan's dtype, and the scratch arrays the loop passes
+    want = np.float32 if dtype == torch.float32 else np.float64
+    packs = want == np.float32 and rollout_cpu._MKL_PACK is not None
+    for key, route, z, w, packed, _b, g, ints, longs, scalars in timed:
+        assert isinstance(route, np.int8)
+        assert route == key
+        assert (z.dtype, w.dtype, g.dtype, scalars.dtype) == (want,) * 4
+        assert (z.shape[0], g.shape, scalars.shape) == (3, (3, 32), (2,))
+        assert w.shape in {(16, 32), (14, 32)}
+        assert z.shape[1] == w.shape[0]
+        assert (ints.dtype, ints.shape) == (np.int32, (8,))
+        assert (longs.dtype, longs.shape) == (np.int64, (9,))
+        assert packed.dtype == np.uint8
+        assert (packed.size > 0) == packs  # MKL timed on packed weights where it can pack
+
+
+def test_only_the_routes_this_build_has_are_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rollout_cpu, "_OPENBLAS", object())
+    monkeypatch.setattr(rollout_cpu, "BLAS", "mkl")
+    assert rollout_cpu._available_routes() == (LOOP, MKL, OPENBLAS)
+    monkeypatch.setattr(rollout_cpu, "BLAS", "none")
+    assert rollout_cpu._available_routes() == (LOOP, OPENBLAS)
+    monkeypatch.setattr(rollout_cpu, "_OPENBLAS", None)
+    assert rollout_cpu._available_routes() == (LOOP,)
 
 
 def test_the_timer_keeps_the_fastest_sample_of_each_route(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,6 +257,7 @@ def test_plan_routes_measures_once_per_shape_and_the_plan_cannot_be_changed(
 
     def fake(dims: Any, dtype: torch.dtype, widths: int) -> np.ndarray:
         measured.append(tuple(dims))
+        assert dtype == torch.float32  # timed in the dtype it was asked for
         return seconds([1.0] * widths, [2.0] * widths, [0.5] * widths)
 
     monkeypatch.setattr(rollout_cpu, "measure_routes", fake)

@@ -95,13 +95,48 @@ def test_inference_tensors_are_rearranged_on_every_call(rearranged: list[int]) -
     assert rearranged == [1, 1]
 
 
-def test_inputs_of_another_width_are_refused_by_the_weights_shape() -> None:
+def test_inputs_of_another_width_or_rank_are_refused() -> None:
     weights = bent_weights(8, 2, torch.float32)  # 6 inputs
     bound = rollout_cpu.NumbaRollout(None, torch.float32)
     u, sizes = packed_inputs([3, 2], torch.float32)
     bound(u, sizes, *weights)
     message = refusal(ValueError, lambda: bound(u[:, :5], sizes, *weights))
     assert "w_cat[0] must have shape [15, 32], got [16, 32]" in message
+    for call in (bound, rollout_cpu.rollout_packed_numba):
+        message = refusal(ValueError, lambda call=call: call(u[:, 0], sizes, *weights))
+        assert message == "expected one bias per layer and 2-D packed inputs"
+
+
+def test_weights_of_another_dtype_are_converted_to_the_inputs(rearranged: list[int]) -> None:
+    weights = bent_weights(8, 2, torch.float64)
+    bound = rollout_cpu.NumbaRollout(None, torch.float32)
+    u, sizes = packed_inputs([5, 3], torch.float32)
+    for _ in range(2):
+        got = bound(u, sizes, *weights)
+        want = rollout_cpu.rollout_packed_numba(u, sizes, *weights)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == torch.float32
+            assert torch.equal(g, w)
+    assert rearranged == [2, 2, 2]  # the bound rollout once, the plain function every call
+
+
+def test_route_tables_are_made_once_per_batch_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[int] = []
+    real = rollout_cpu.route_table
+
+    def spy(num_layers: int, b_max: int, *args: Any, **kwargs: Any) -> Any:
+        made.append(b_max)
+        return real(num_layers, b_max, *args, **kwargs)
+
+    monkeypatch.setattr(rollout_cpu, "route_table", spy)
+    weights = bent_weights(8, 1, torch.float32)
+    bound = rollout_cpu.NumbaRollout(None, torch.float32)
+    for lengths in ([4, 2], [3, 3], [5], [2, 1]):
+        u, sizes = packed_inputs(lengths, torch.float32)
+        with torch.inference_mode():
+            want = rollout_packed(u, sizes, *weights)
+            assert_same(bound(u, sizes, *weights), want, torch.float32)
+    assert made == [2, 1]
 
 
 needs_packed_sgemm = pytest.mark.skipif(
