@@ -19,6 +19,7 @@ computed ``b`` rounded up to a multiple of ``m`` rows (capped at the batch).
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -241,6 +242,8 @@ def load_kernel(path: str) -> Any:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # registered before it runs, as an import would: dataclasses look their module up there
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -738,15 +738,9 @@ def _packed_weights(weights: LoopWeights, n_rows: int) -> np.ndarray[Any, Any]:
     return _pack_weights([weights.w0, *weights.w_up], n_rows)
 
 
-_UNPACKED: dict[int, np.ndarray[Any, Any]] = {}
-
-
 def _unpacked(num_layers: int) -> np.ndarray[Any, Any]:
     """``[L, 0]`` bytes: the loop's sign that it multiplies by the plain weights."""
-    empty = _UNPACKED.get(num_layers)
-    if empty is None:
-        empty = _UNPACKED[num_layers] = np.zeros((num_layers, 0), dtype=np.uint8)
-    return empty
+    return np.zeros((num_layers, 0), dtype=np.uint8)
 
 
 def loop_arguments(
@@ -774,11 +768,12 @@ def loop_arguments(
     if h0 is not None:
         h = _as_array(h0, u.dtype)
         z0[:, 2 : 2 + hidden] = h[0]
+        # layer l reads [h_{l-1} | h_l], but its h_{l-1} half is written by layer l - 1 in the
+        # same step before layer l reads it (every row is active at the first step): only h_l
         for layer in range(1, num_layers):
-            z_up[layer - 1, :, :hidden] = h[layer - 1]
             z_up[layer - 1, :, hidden:] = h[layer]
     return {
-        "u": _as_array(u, u.dtype),
+        "u": u.detach().contiguous().numpy(),
         "batch_sizes": sizes,
         "w0": weights.w0,
         "w_up": weights.w_up,

@@ -4,6 +4,7 @@ rearranged again, and the results are always those of the weights passed in."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -197,3 +198,47 @@ def test_a_traveller_whose_parameters_change_rolls_out_with_the_new_ones() -> No
             got = model.rollout(x).data
             want = eager.rollout(x).data
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_the_loops_arguments_are_its_parameters_in_order_in_the_inputs_dtype() -> None:
+    """The loop is called with the arguments' values in order, so their names must be its
+    parameters'; a state of another dtype is converted, and laid out as the layers read it."""
+    weights = bent_weights(8, 3, torch.float32)
+    u, sizes = packed_inputs([4, 2], torch.float32)
+    h, c, p = (t.double() for t in random_state(3, 2, 8, torch.float32))
+    prepared = rollout_cpu.loop_weights(*weights, torch.float32, u.shape[1])
+    table = rollout_cpu.route_table(3, 2)
+    steps = np.asarray(sizes, dtype=np.int64)
+    packed = rollout_cpu._unpacked(3)
+    args = rollout_cpu.loop_arguments(u, steps, prepared, (h, c, p), table, packed)
+    assert list(args) == list(inspect.signature(rollout_cpu._rollout_loop).parameters)
+    for name in ("u", "z0", "z_up", "c", "out"):
+        assert args[name].dtype == np.float32, name
+    assert args["z0"].shape == (2, 2 + 8 + 6)  # [p | h_0 | u_t]
+    np.testing.assert_array_equal(args["z0"][:, :2], p.float().numpy())
+    np.testing.assert_array_equal(args["z0"][:, 2:10], h[0].float().numpy())
+    assert args["z_up"].shape == (2, 2, 16)  # layer l: [h_{l-1} | h_l]
+    for layer in (1, 2):
+        np.testing.assert_array_equal(args["z_up"][layer - 1, :, 8:], h[layer].float().numpy())
+    np.testing.assert_array_equal(args["c"], c.float().numpy())
+    assert args["out"].shape == (6, 2)
+
+
+def test_warmed_loops_serve_every_kind_of_call_without_compiling_again() -> None:
+    """compile_for at load time compiles the loop once per dtype; no call shape, state,
+    route, packing or bound rollout afterwards may compile it again while serving."""
+    for dtype in (torch.float32, torch.float64):
+        rollout_cpu.compile_for(dtype)
+    compiled = len(rollout_cpu._rollout_loop_jit.signatures)
+    assert compiled == 2  # whatever ran before in this process: one loop per dtype
+    bound = rollout_cpu.NumbaRollout(None, torch.float32)
+    steps = rollout_cpu.PACK_FROM_STEPS + 2
+    for dtype in (torch.float32, torch.float64):
+        weights = bent_weights(8, 2, dtype)
+        for lengths in ([steps] * 4, [3, 1]):  # packed for MKL (float32), and not
+            u, sizes = packed_inputs(lengths, dtype)
+            state = random_state(2, sizes[0], 8, dtype)
+            with torch.inference_mode():
+                bound(u, sizes, *weights, *state)
+                rollout_cpu.rollout_packed_numba(u, sizes, *weights, gemm_from=1)
+    assert len(rollout_cpu._rollout_loop_jit.signatures) == compiled
