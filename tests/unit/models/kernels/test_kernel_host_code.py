@@ -62,9 +62,9 @@ def test_each_wrong_weight_shape_is_named() -> None:
         (w_cat, bias, w_out.t(), b_out, ("w_out", "[4, 2]", "got [2, 4]")),
         (w_cat, bias, w_out, b_out[:1], ("b_out", "[2]", "got [1]")),
     ]  # fmt: skip
-    for w, b, wo, bo, words in cases:
+    for w, b, wo, bo, (name, want, got) in cases:
         message = refusal(ValueError, lambda w=w, b=b, wo=wo, bo=bo: run(u, sizes, w, b, wo, bo))
-        assert mentions(message, "shape", *words)
+        assert message == f"{name} must have shape {want}, {got}"
 
 
 def test_each_wrong_state_shape_is_named() -> None:
@@ -72,17 +72,17 @@ def test_each_wrong_state_shape_is_named() -> None:
     w = weights()
     h = torch.zeros(2, 2, 4, dtype=torch.float64)
     p = torch.zeros(2, 2, dtype=torch.float64)
-    assert mentions(
-        refusal(ValueError, lambda: run(u, sizes, *w, h[:, :1], h, p)),
-        *("h0", "[2, 2, 4]", "got [2, 1, 4]"),
+    assert (
+        refusal(ValueError, lambda: run(u, sizes, *w, h[:, :1], h, p))
+        == "h0 must have shape [2, 2, 4], got [2, 1, 4]"
     )
-    assert mentions(
-        refusal(ValueError, lambda: run(u, sizes, *w, h, h[:1], p)),
-        *("c0", "[2, 2, 4]", "got [1, 2, 4]"),
+    assert (
+        refusal(ValueError, lambda: run(u, sizes, *w, h, h[:1], p))
+        == "c0 must have shape [2, 2, 4], got [1, 2, 4]"
     )
-    assert mentions(
-        refusal(ValueError, lambda: run(u, sizes, *w, h, h, p[:, :1])),
-        *("p0", "[2, 2]", "got [2, 1]"),
+    assert (
+        refusal(ValueError, lambda: run(u, sizes, *w, h, h, p[:, :1]))
+        == "p0 must have shape [2, 2], got [2, 1]"
     )
 
 
@@ -101,9 +101,9 @@ def test_layers_inputs_and_batch_sizes_are_checked() -> None:
     assert mentions(
         refusal(ValueError, lambda: run(u, [2, 2, 1, 0], w_cat, bias, w_out, b_out)), *sums
     )
-    assert mentions(
-        refusal(ValueError, lambda: run(u, [1, 2, 2], w_cat, bias, w_out, b_out)),
-        *("batch_sizes", "non-increasing"),
+    assert (
+        refusal(ValueError, lambda: run(u, [1, 2, 2], w_cat, bias, w_out, b_out))
+        == "batch_sizes must be non-increasing"
     )
     assert mentions(
         refusal(TypeError, lambda: run(u.half(), sizes, w_cat, bias, w_out, b_out)),

@@ -119,7 +119,7 @@ def test_a_plan_holds_for_its_widths_and_mkl_takes_the_wider_steps() -> None:
 
 def test_a_wrong_plan_is_refused_before_the_loop() -> None:
     plan = every_route(2, 3, LOOP)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match=r"^give routes or gemm_from, not both$"):
         rollout_cpu.route_table(2, 3, gemm_from=2, routes=plan)
     with pytest.raises(ValueError, match=r"shape \[3, W \+ 1\]"):
         rollout_cpu.route_table(3, 3, routes=plan)
@@ -134,7 +134,7 @@ def test_a_wrong_plan_is_refused_before_the_loop() -> None:
 
 def test_a_plan_naming_a_missing_openblas_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rollout_cpu, "_OPENBLAS", None)
-    with pytest.raises(ValueError, match="no OpenBLAS"):
+    with pytest.raises(ValueError, match=r"^this numpy bundles no OpenBLAS: no openblas route$"):
         rollout_cpu.route_table(1, 3, routes=every_route(1, 3, OPENBLAS))
 
 
