@@ -831,14 +831,27 @@ def rollout_packed_numba(
     """
     _check_input(u)
     weights = loop_weights(w_cat, bias, w_out, b_out, u.dtype, u.shape[1])
+    prepared = _Prepared((), (), weights, {}, {})  # for this call only
     state = (h0, c0, p0)
     _check_call(u, batch_sizes, weights, state)
     table = route_table(weights.num_layers, batch_sizes[0], gemm_from, routes)
+    return _roll(u, batch_sizes, prepared, state, table, _mkl_widths(table))
+
+
+def _roll(
+    u: Tensor,
+    batch_sizes: list[int],
+    prepared: _Prepared,
+    state: _State,
+    table: np.ndarray[Any, Any],
+    mkl_widths: np.ndarray[Any, Any],
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A checked call on prepared weights: packed for MKL where that pays, then the loop."""
+    weights = prepared.weights
     sizes = np.asarray(batch_sizes, dtype=np.int64)
-    if _worth_packing(weights, int(_mkl_widths(table)[sizes].sum())):
-        packed = _packed_weights(weights, batch_sizes[0])
-    else:
-        packed = _unpacked(weights.num_layers)
+    packed = _unpacked(weights.num_layers)
+    if _worth_packing(weights, int(mkl_widths[sizes].sum())):
+        packed = _packed_for(prepared, batch_sizes[0])
     return _run_loop(loop_arguments(u, sizes, weights, state, table, packed))
 
 
@@ -900,15 +913,10 @@ class NumbaRollout:
             return rollout_packed_numba(*args, **options)
         _check_input(u)
         prepared = self._prepare(u, w_cat, bias, w_out, b_out)
-        weights, state = prepared.weights, (h0, c0, p0)
-        _check_call(u, batch_sizes, weights, state)
-        b_max = batch_sizes[0]
-        table, mkl_widths = self._table(prepared, b_max)
-        sizes = np.asarray(batch_sizes, dtype=np.int64)
-        packed = _unpacked(weights.num_layers)
-        if _worth_packing(weights, int(mkl_widths[sizes].sum())):
-            packed = _packed_for(prepared, b_max)
-        return _run_loop(loop_arguments(u, sizes, weights, state, table, packed))
+        state = (h0, c0, p0)
+        _check_call(u, batch_sizes, prepared.weights, state)
+        table, mkl_widths = self._table(prepared, batch_sizes[0])
+        return _roll(u, batch_sizes, prepared, state, table, mkl_widths)
 
     def _prepare(
         self, u: Tensor, w_cat: list[Tensor], bias: list[Tensor], w_out: Tensor, b_out: Tensor

@@ -118,10 +118,10 @@ class ChunkedRollout:
         starts: Mapping[int, RolloutState],
         keep: set[int],
     ) -> None:
-        new: list[_Sequence] = []
-        parts: list[RolloutState] = []
         if not joins:
             return
+        new: list[_Sequence] = []
+        parts: list[RolloutState] = []
         m = self.model
         dtype = next(m.parameters()).dtype
         for key, arrays in joins:
