@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MIN_STEP_S = 10
 KEY_TESTS = (
     "after_warm_up or inner_entry or forward_and_state or lookback_scan or chained_scan "
-    "or matches_cpu_torchscript or graph_replay"
+    "or matches_cpu_torchscript or graph_replay or chunked_rollout_on_cuda"
 )
 NCU_KERNELS = "regex:_fwd_replay|_fwd_chunk_summary|_fwd_chained|_layer_step_kernel"
 NCU_METRICS = (

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import torch
@@ -85,3 +87,23 @@ def bent_model(
         model.output_layer.bias.mul_(4.0)
         model.lstm_layers.weight_ih_l0.mul_(3.0)  # the fed-back position moves the state
     return model
+
+
+def available_backends() -> list[str]:
+    """The Traveller's rollout backends this environment runs (triton on CUDA, or on the CPU
+    in Triton's interpreter)."""
+    names = ["eager", "torchscript"]
+    try:
+        import rnnserve.models.kernels.rollout_cpu
+    except ImportError:
+        pass
+    else:
+        names.append("numba")
+    try:
+        import rnnserve.models.kernels.rollout_triton  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+            names.append("triton")
+    return names

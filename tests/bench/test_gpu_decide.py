@@ -245,3 +245,15 @@ def test_the_benchmarks_doc_states_the_same_predictions_rules_and_limits() -> No
     for step in gpu_decide.STEPS:
         kept = " (kept)" if step.reserved else ""
         assert f"| `{step.name}` | {step.limit_s}{kept} |" in doc
+
+
+def test_every_key_test_name_selects_a_gpu_test() -> None:
+    """A renamed GPU test would drop out of the decision run's ``tests`` step unnoticed: each
+    name in its ``-k`` expression must still match a test of tests/gpu."""
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/gpu"]
+    listed = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300)
+    tests = [line for line in listed.stdout.splitlines() if "::" in line]
+    names = gpu_decide.KEY_TESTS.split(" or ")
+    assert len(names) >= 8
+    unmatched = [name for name in names if not any(name in test for test in tests)]
+    assert unmatched == []

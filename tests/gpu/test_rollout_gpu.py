@@ -12,12 +12,14 @@ import time
 import warnings
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 
 from rnnserve import models
 from rnnserve.models.packing import pack
-from rnnserve.models.traveller import RolloutFn, Traveller, scripted_rollout
+from rnnserve.models.traveller import RolloutFn, RolloutState, Traveller, scripted_rollout
+from rnnserve.service.engine.chunked_rollout import ChunkedRollout
 
 rt = pytest.importorskip("rnnserve.models.kernels.rollout_triton")
 
@@ -156,6 +158,56 @@ def test_warm_up_captures_every_chunk() -> None:
     want, got = cpu_and_cuda(served(), inputs(60, 300, ragged=True, seed=5), roll)
     assert_close(got, want, 1e-5)
     assert ws.graphs == before  # no capture (and no reallocation) during the call
+
+
+def _chunked(
+    model: Traveller, device: torch.device, seqs: list[torch.Tensor]
+) -> tuple[dict[int, list[np.ndarray]], dict[int, RolloutState]]:
+    """``seqs`` served as the service runs /rollout on ``device``, 16 steps a chunk: three
+    requests join at different chunks (the second from a carried state, kept at its end), a
+    fourth joins and leaves while running. Returns the outputs and final states by request."""
+    arrays = [u.numpy() for u in seqs]
+    start = RolloutState(
+        torch.full((model.num_layers, 2, model.hidden_size), 0.1),
+        torch.full((model.num_layers, 2, model.hidden_size), -0.2),
+        torch.tensor([[0.3, -0.3], [0.0, 0.5]]),
+    )
+    engine = ChunkedRollout(model, device, 16)
+    schedule = [
+        ([(1, arrays[0:3])], [], {}, []),
+        ([(2, arrays[3:5])], [], {2: start}, [2]),
+        ([(3, arrays[5:6]), (4, arrays[6:7])], [], {}, []),
+        ([], [4], {}, []),
+    ]
+    finished: dict[int, list[np.ndarray]] = {}
+    states: dict[int, RolloutState] = {}
+    while schedule or engine.running_sequences:
+        joins, leaves, starts, keep = schedule.pop(0) if schedule else ([], [], {}, [])
+        done, _, _ = engine.advance(joins, leaves, starts, keep)
+        finished.update(done)
+        states.update(engine.finished_states)
+    return finished, states
+
+
+def test_chunked_rollout_on_cuda_equals_the_cpu_path() -> None:
+    """Continuous batching on CUDA: the state moved in and out of the device, the chunks packed
+    longest first without a sort, joins, a leave; every output and kept state as on the CPU."""
+    seqs = inputs(7, 90, ragged=True, seed=9)
+    cpu, gpu = clone(served(), torch.device("cpu")), clone(served(), CUDA)
+    cpu.compile_rollout("torchscript")
+    gpu.compile_rollout("triton")
+    want, want_states = _chunked(cpu, torch.device("cpu"), seqs)
+    got, got_states = _chunked(gpu, CUDA, seqs)
+    assert sorted(got) == sorted(want) == [1, 2, 3]
+    for key in want:
+        for g, w in zip(got[key], want[key], strict=True):
+            assert g.dtype == np.float32
+            np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
+    (state,) = got_states.values()
+    assert state.h.device.type == "cpu"
+    want_state = want_states[2]
+    for g, w in ((state.h, want_state.h), (state.c, want_state.c), (state.p, want_state.p)):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
 
 
 def test_tf32x3_error_is_reported() -> None:

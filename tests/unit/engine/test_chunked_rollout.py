@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rnnserve.models.packing import pack
+from rnnserve.models.traveller import RolloutState
 from rnnserve.service.engine.chunked_rollout import ChunkedRollout
-from tests.references import bent_model
+from tests.references import available_backends, bent_model
 
 CPU = torch.device("cpu")
 
@@ -167,3 +168,55 @@ def test_a_failed_chunk_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -
 def test_chunk_steps_must_be_positive() -> None:
     with pytest.raises(ValueError, match="chunk_steps"):
         ChunkedRollout(bent_model(), CPU, 0)
+
+
+def _alone(model64: torch.nn.Module, u: np.ndarray) -> tuple[np.ndarray, RolloutState]:
+    """One sequence rolled out by itself, in float64 on the eager path: outputs and final state."""
+    with torch.inference_mode():
+        packed, final = model64.rollout_with_state(pack([torch.from_numpy(u).double()]))  # type: ignore[operator]
+    return packed.data.numpy(), final
+
+
+@pytest.mark.parametrize("backend", available_backends())
+def test_every_backend_gives_each_sequence_its_own_rollout_through_joins_and_leaves(
+    backend: str,
+) -> None:
+    """The service's schedule on each backend: requests join at different chunks (one from a
+    carried state, keeping its final state), one leaves while running; each sequence gets what
+    it would get alone, and its chunks are packed as they stand (longest first, no sort)."""
+    model = bent_model(num_inputs=3, hidden=8, seed=11, dtype=torch.float32)
+    model64 = bent_model(num_inputs=3, hidden=8, seed=11, dtype=torch.float64)
+    model64.compile_rollout("eager")
+    model.compile_rollout(backend)  # type: ignore[arg-type]
+    rng = np.random.default_rng(12)
+
+    def seqs(*lengths: int) -> list[np.ndarray]:
+        return [rng.standard_normal((n, 3)).astype(np.float32) for n in lengths]
+
+    a, b, gone = seqs(7, 2, 11), seqs(5, 9), seqs(30)
+    prefixes = seqs(3, 6)  # b's sequences continue these
+    ends = [_alone(model64, u)[1] for u in prefixes]
+    start = RolloutState(
+        torch.cat([e.h for e in ends], 1).float(),
+        torch.cat([e.c for e in ends], 1).float(),
+        torch.cat([e.p for e in ends], 0).float(),
+    )
+    engine = ChunkedRollout(model, CPU, 4)
+    schedule = [([(1, a)], [], {}, []), ([(2, b)], [], {2: start}, [2]), ([(3, gone)], [], {}, [])]
+    schedule.append(([], [3], {}, []))
+    finished: dict[int, list[np.ndarray]] = {}
+    states: dict[int, RolloutState] = {}
+    while schedule or engine.running_sequences:
+        joins, leaves, starts, keep = schedule.pop(0) if schedule else ([], [], {}, [])
+        done, _, _ = engine.advance(joins, leaves, starts, keep)
+        finished.update(done)
+        states.update(engine.finished_states)
+    assert sorted(finished) == [1, 2]
+    for u, y in zip(a, finished[1], strict=True):
+        np.testing.assert_allclose(y, _alone(model64, u)[0], atol=1e-5, rtol=0)
+    for prefix, u, y, row in zip(prefixes, b, finished[2], range(2), strict=True):
+        whole, final = _alone(model64, np.concatenate([prefix, u]))
+        np.testing.assert_allclose(y, whole[len(prefix) :], atol=1e-5, rtol=0)
+        torch.testing.assert_close(states[2].h[:, row].double(), final.h[:, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(states[2].c[:, row].double(), final.c[:, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(states[2].p[row].double(), final.p[0], atol=1e-5, rtol=0)

@@ -6,33 +6,12 @@ the noise; these models have their output layer scaled so positions reach |p| â‰
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from rnnserve.models.packing import pack, unpack
 from rnnserve.models.traveller import RolloutState, Traveller
-from tests.references import bent_model, stepwise_rollout
-
-
-def available_backends() -> list[str]:
-    names = ["eager", "torchscript"]
-    try:
-        import rnnserve.models.kernels.rollout_cpu
-    except ImportError:
-        pass
-    else:
-        names.append("numba")
-    try:
-        import rnnserve.models.kernels.rollout_triton  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-            names.append("triton")
-    return names
-
+from tests.references import available_backends, bent_model, stepwise_rollout
 
 BACKENDS = available_backends()
 
