@@ -235,6 +235,32 @@ def test_the_timer_keeps_the_fastest_sample_of_each_route(monkeypatch: pytest.Mo
     assert ran == [("a", 1), ("a", 1), ("b", 1), ("b", 1)] + [("a", 1), ("b", 1)] * 3
 
 
+def test_a_fast_route_is_sampled_over_doubling_calls_and_timed_per_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A route whose call is shorter than a sample is timed over 1, 2, 4... calls until a
+    sample lasts _SAMPLE_S; its time is then a sample's over its number of calls."""
+
+    def fast(n: int) -> None: ...
+
+    def slow(n: int) -> None: ...
+
+    per_call = {fast: 0.3 * rollout_cpu._SAMPLE_S, slow: 2.5 * rollout_cpu._SAMPLE_S}
+    sampled: list[tuple[Any, int]] = []
+
+    def sample(fn: Any, n: int) -> float:
+        assert len(sampled) < 20, "the number of calls never grew to a sample's length"
+        sampled.append((fn, n))
+        return n * per_call[fn]
+
+    monkeypatch.setattr(rollout_cpu, "_sample", sample)
+    best = rollout_cpu._fastest_seconds_per_call({0: fast, 1: slow})
+    # 0.3, 0.6, then 1.2 samples' length at 4 calls; the slow route's one call is long enough
+    assert sampled[:4] == [(fast, 1), (fast, 2), (fast, 4), (slow, 1)]
+    assert sampled[4:] == [(fast, 4), (slow, 1)] * rollout_cpu._SAMPLES
+    assert best == {0: pytest.approx(per_call[fast]), 1: pytest.approx(per_call[slow])}
+
+
 @needs_openblas
 def test_the_openblas_route_runs_on_one_thread_and_puts_the_count_back() -> None:
     set_threads = rollout_cpu._OPENBLAS_THREADS
@@ -311,3 +337,12 @@ def test_a_plan_reads_as_runs_of_widths() -> None:
     assert rollout_cpu.describe_routes(routes) == (
         "layer 0: loop 1, openblas 2-3, mkl 4-; layer 1: openblas 1, mkl 2, loop 3-4, mkl 5-"
     )
+
+
+def test_a_bound_rollout_names_its_routes_and_dtype() -> None:
+    routes = np.array([[LOOP, LOOP, MKL], [LOOP, OPENBLAS, MKL]], dtype=np.int8)
+    planned = rollout_cpu.NumbaRollout(routes, torch.float32)
+    want = "NumbaRollout(layer 0: loop 1, mkl 2-; layer 1: openblas 1, mkl 2-, torch.float32)"
+    assert repr(planned) == want
+    fixed = rollout_cpu.NumbaRollout(None, torch.float64)
+    assert repr(fixed) == "NumbaRollout(fixed routes, torch.float64)"

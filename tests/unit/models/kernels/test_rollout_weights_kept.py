@@ -180,6 +180,29 @@ def test_packed_weights_are_kept_for_the_newest_batch_widths(
     assert packed_for[kept + 2 :] == [4]
 
 
+def test_packing_is_kept_by_a_batchs_widest_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ragged batch's packing is kept under its first (widest) step's width, which a later
+    batch as wide then finds."""
+    packed_for: list[int] = []
+    real = rollout_cpu._pack_weights
+
+    def spy(weights: list[np.ndarray], n_rows: int) -> Any:
+        packed_for.append(n_rows)
+        return real(weights, n_rows)
+
+    monkeypatch.setattr(rollout_cpu, "_pack_weights", spy)
+    weights = bent_weights(8, 2, torch.float32)
+    bound = rollout_cpu.NumbaRollout(None, torch.float32)
+    steps = rollout_cpu.PACK_FROM_STEPS
+    for lengths in ([steps] * 5 + [1], [steps] * 6):  # 6 rows, then 5 from the second step
+        u, sizes = packed_inputs(lengths, torch.float32)
+        with torch.inference_mode():
+            assert_same(
+                bound(u, sizes, *weights), rollout_packed(u, sizes, *weights), torch.float32
+            )
+    assert packed_for == [6]
+
+
 def test_a_traveller_whose_parameters_change_rolls_out_with_the_new_ones() -> None:
     torch.manual_seed(3)
     model = Traveller(6, 8, 2).eval().requires_grad_(False)
