@@ -623,7 +623,7 @@ class ModelRuntime:
             chunked = ChunkedRollout(module, self.device, s.rollout_chunk_steps)
 
             async def advance(
-                joins: list[tuple[int, Item]], leaves: list[int]
+                joins: list[tuple[int, Item]], leaves: list[int], unchanged: Callable[[], bool]
             ) -> ChunkOutcome[Item]:
                 loop = asyncio.get_running_loop()
                 # own copies: a binary request's rows are read-only views of its body
@@ -633,7 +633,7 @@ class ModelRuntime:
                 }
                 keep = [key for key, item in joins if item.return_state]
                 (done, progress, steps, finals), seconds = await loop.run_in_executor(
-                    executor, _timed, _advance, chunked, lists, leaves, starts, keep
+                    executor, _timed, _advance, chunked, lists, leaves, starts, keep, unchanged
                 )
                 if self.metrics is not None and steps:
                     fraction = self.metrics.batch_active_fraction.labels(name)
@@ -837,10 +837,18 @@ def _advance(
     leaves: list[int],
     starts: dict[int, RolloutState],
     keep: list[int],
+    unchanged: Callable[[], bool],
 ) -> tuple[dict[int, list[np.ndarray]], dict[int, list[Piece]], int, dict[int, RolloutState]]:
-    """One chunk of the continuous rollout, and the final states of the requests it finished
-    that asked for them (read on the worker thread, before the next chunk)."""
+    """Chunks of the continuous rollout: one with the joins and leaves, then more while the
+    batcher has nothing new (``unchanged()``) and no request has finished. Returns the finished
+    requests, the progress of every chunk, the steps run, and the final states of the finished
+    requests that asked for them (read on the worker thread, before the next chunk)."""
     done, progress, steps = chunked.advance(joins, leaves, starts, keep)
+    while not done and chunked.running_sequences and unchanged():
+        done, more, more_steps = chunked.advance([], [])
+        steps += more_steps
+        for key, pieces in more.items():
+            progress.setdefault(key, []).extend(pieces)
     return done, progress, steps, dict(chunked.finished_states)
 
 

@@ -57,10 +57,10 @@ async def test_both_schedulers_answer_every_caller_with_its_own_positions(
     waits = value(text, "rnnserve_queue_wait_seconds_count", model="traveller")
     assert waits == len(requests)
     batches = value(text, "rnnserve_batch_requests_count", model="traveller")
-    if scheduling == "continuous":  # one batch per chunk: the 200-step one alone needs 13
-        assert batches >= 200 // 16
-    else:
+    if scheduling == "batch":
         assert batches <= len(requests)
+    # continuous: one batch per run of chunks in which no request joined, left or finished, a
+    # count that depends on when they arrived (the next test shows the chunks' effect)
 
 
 @pytest.mark.parametrize("scheduling", ["continuous", "batch"])

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from rnnserve.models.packing import pack
 from rnnserve.models.traveller import RolloutState
 from rnnserve.service.engine.chunked_rollout import ChunkedRollout
+from rnnserve.service.engine.runtime import _advance
 from tests.references import available_backends, bent_model
 
 CPU = torch.device("cpu")
@@ -220,3 +221,27 @@ def test_every_backend_gives_each_sequence_its_own_rollout_through_joins_and_lea
         torch.testing.assert_close(states[2].h[:, row].double(), final.h[:, 0], atol=1e-5, rtol=0)
         torch.testing.assert_close(states[2].c[:, row].double(), final.c[:, 0], atol=1e-5, rtol=0)
         torch.testing.assert_close(states[2].p[row].double(), final.p[0], atol=1e-5, rtol=0)
+
+
+def test_chunks_go_on_while_nothing_changes_and_stop_when_a_request_finishes() -> None:
+    """The worker thread's side of ``unchanged()``: chunks run back to back while it holds,
+    each one's progress kept, until a request finishes or it stops holding."""
+    model = bent_model(num_inputs=2, hidden=4, dtype=torch.float32)
+    engine = ChunkedRollout(model, CPU, 3)
+    rng = np.random.default_rng(6)
+    short, long = (rng.standard_normal((n, 2)).astype(np.float32) for n in (8, 20))
+    joins = [(1, [short]), (2, [long])]
+    done, progress, steps, finals = _advance(engine, joins, [], {}, [1], lambda: True)
+    assert list(done) == [1]  # three chunks (3 + 3 + 2 steps), then request 1 is done
+    assert steps == 8 + 9
+    assert [(start, len(y)) for _, start, y in progress[1]] == [(0, 3), (3, 3), (6, 2)]
+    assert [(start, len(y)) for _, start, y in progress[2]] == [(0, 3), (3, 3), (6, 3)]
+    assert list(finals) == [1]
+    np.testing.assert_allclose(done[1][0], solo(model, short), atol=1e-6, rtol=0)
+    answers = iter([True, False])  # the first chunk, one more, then news
+    done, progress, steps, finals = _advance(engine, [], [], {}, [], lambda: next(answers))
+    assert (done, steps, finals) == ({}, 6, {})
+    assert [start for _, start, _ in progress[2]] == [9, 12]
+    while not done:
+        done, _, _, _ = _advance(engine, [], [], {}, [], lambda: False)
+    np.testing.assert_allclose(done[2][0], solo(model, long), atol=1e-6, rtol=0)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from rnnserve.service.engine import continuous
 from rnnserve.service.engine.continuous import ChunkOutcome, ContinuousBatcher
 from rnnserve.service.interface import BatcherClosed, QueueFull, open_request
 
@@ -30,8 +32,12 @@ class FakeEngine:
         self.compute: float | None = None  # reported as the engine's own time
         self.fail_once: BaseException | None = None  # raised by the next chunk only
         self.delay = 0.0  # seconds each chunk takes
+        self.unchanged_at_end: list[bool] = []  # unchanged() as each chunk ends
 
-    async def __call__(self, joins: list[tuple[int, int]], leaves: list[int]) -> ChunkOutcome[str]:
+    async def __call__(
+        self, joins: list[tuple[int, int]], leaves: list[int], unchanged: Callable[[], bool]
+    ) -> ChunkOutcome[str]:
+        self.unchanged = unchanged
         for key in leaves:
             self.left.pop(key)
         for key, steps in joins:
@@ -42,6 +48,7 @@ class FakeEngine:
         self.entered.set()
         await asyncio.sleep(self.delay)  # like the real engine's hop to its worker thread
         await self.release.wait()
+        self.unchanged_at_end.append(unchanged())
         if self.fail_once is not None:
             exc, self.fail_once = self.fail_once, None
             self.left.clear()
@@ -198,7 +205,7 @@ async def test_observer_counts_chunks_steps_and_waits() -> None:
 
 
 def test_arguments_are_checked() -> None:
-    async def engine(joins: object, leaves: object) -> ChunkOutcome[str]:
+    async def engine(joins: object, leaves: object, unchanged: object) -> ChunkOutcome[str]:
         return ChunkOutcome({}, {}, 0)
 
     with pytest.raises(ValueError, match="max_active"):
@@ -477,4 +484,110 @@ async def test_a_failed_chunk_is_logged_once_with_the_ids_of_its_requests(
     assert len(failed) == 1
     assert "sched" in failed[0]
     assert failed[0].endswith("requests r13,r4")
+    await b.close()
+
+
+async def _held_chunk(b: ContinuousBatcher[int, str], engine: FakeEngine, steps: int) -> Any:
+    """Submit ``steps`` and wait until the engine holds its first chunk."""
+    task = asyncio.ensure_future(b.submit(steps))
+    await asyncio.wait_for(engine.entered.wait(), 5)
+    return task
+
+
+@pytest.fixture(autouse=True)
+def run_on_for_half_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long enough that no test here reaches it by accident on a slow machine."""
+    monkeypatch.setattr(continuous, "RUN_ON_S", 0.5)
+
+
+async def test_the_engine_may_go_on_until_an_item_is_queued() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=1)
+    b.start()
+    running = await _held_chunk(b, engine, 3)
+    unchanged = engine.unchanged
+    assert unchanged() is True
+    assert unchanged() is True  # asking changes nothing
+    queued = asyncio.ensure_future(b.submit(2))  # cannot join (max_active 1), still news
+    await asyncio.sleep(0)
+    assert unchanged() is False
+    engine.release.set()
+    assert await asyncio.wait_for(asyncio.gather(running, queued), 5) == ["done 3", "done 2"]
+    await b.close()
+
+
+async def test_the_engine_may_go_on_until_a_caller_goes_away() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
+    b.start()
+    gone = await _held_chunk(b, engine, 1000)
+    unchanged = engine.unchanged
+    assert unchanged() is True
+    gone.cancel()
+    await asyncio.sleep(0)  # the future's callbacks run on the next turn of the loop
+    await asyncio.sleep(0)
+    assert unchanged() is False
+    engine.release.set()
+    await b.close()
+
+
+async def test_the_engine_may_go_on_until_the_batcher_closes() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
+    b.start()
+    running = await _held_chunk(b, engine, 2)
+    unchanged = engine.unchanged
+    closing = asyncio.ensure_future(b.close())
+    await asyncio.sleep(0)
+    assert unchanged() is False
+    engine.release.set()
+    await asyncio.wait_for(closing, 5)
+    assert await running == "done 2"  # drained
+
+
+async def test_an_item_that_finishes_by_itself_is_no_news() -> None:
+    """Only a caller that went away is news, not one answered: every call of a run with no
+    arrivals after its start may go on."""
+    engine = FakeEngine(chunk=2)
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
+    b.start()
+    answers = await asyncio.wait_for(asyncio.gather(b.submit(2), b.submit(9)), 5)
+    assert answers == ["done 2", "done 9"]
+    assert len(engine.unchanged_at_end) == 5
+    assert all(engine.unchanged_at_end)
+    await b.close()
+
+
+async def test_the_engine_may_go_on_for_run_on_s_at_most() -> None:
+    """So that the metrics and traces see a lone long rollout now and then."""
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
+    b.start()
+    running = await _held_chunk(b, engine, 2)
+    unchanged = engine.unchanged
+    assert unchanged() is True
+    await asyncio.sleep(continuous.RUN_ON_S * 1.2)
+    assert unchanged() is False
+    engine.release.set()
+    assert await asyncio.wait_for(running, 5) == "done 2"
+    await b.close()
+
+
+async def test_a_running_stream_never_lets_the_engine_go_on() -> None:
+    """A streaming caller gets its progress chunk by chunk, so every chunk comes back."""
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
+    b.start()
+    stream = b.stream(3)
+    first = asyncio.ensure_future(anext(stream))
+    await asyncio.wait_for(engine.entered.wait(), 5)
+    assert engine.unchanged() is False
+    engine.release.set()
+    assert await first == (0, 1)
+    await stream.aclose()
     await b.close()

@@ -180,7 +180,9 @@ class FakeEngine:
         self.left: dict[int, int] = {}
         self.chunks: list[list[int]] = []
 
-    async def __call__(self, joins: list[tuple[int, int]], leaves: list[int]) -> ChunkOutcome[int]:
+    async def __call__(
+        self, joins: list[tuple[int, int]], leaves: list[int], unchanged: object
+    ) -> ChunkOutcome[int]:
         for key in leaves:
             self.left.pop(key, None)
         for key, steps in joins:
