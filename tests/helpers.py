@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+# one chunk's (joins, leaves, starts, keep_state), as ChunkedRollout.advance takes them
+Chunk = tuple[list[tuple[int, list[np.ndarray]]], list[int], Mapping[int, Any], list[int]]
 
 
 def refusal(exc: type[Exception], call: Callable[[], object]) -> str:
@@ -25,3 +31,17 @@ def markdown_tables(text: str) -> list[list[str]]:
             tables.append(current)
             current = []
     return tables
+
+
+def serve_schedule(engine: Any, schedule: list[Chunk]) -> tuple[dict[int, Any], dict[int, Any]]:
+    """Run a ``ChunkedRollout`` through ``schedule``, one entry a chunk, then until it holds
+    nothing: every finished request's outputs and kept final state, by key."""
+    finished: dict[int, Any] = {}
+    states: dict[int, Any] = {}
+    pending = list(schedule)
+    while pending or engine.running_sequences:
+        joins, leaves, starts, keep = pending.pop(0) if pending else ([], [], {}, [])
+        done, _, _ = engine.advance(joins, leaves, starts, keep)
+        finished.update(done)
+        states.update(engine.finished_states)
+    return finished, states

@@ -20,6 +20,7 @@ from rnnserve import models
 from rnnserve.models.packing import pack
 from rnnserve.models.traveller import RolloutFn, RolloutState, Traveller, scripted_rollout
 from rnnserve.service.engine.chunked_rollout import ChunkedRollout
+from tests.helpers import Chunk, serve_schedule
 
 rt = pytest.importorskip("rnnserve.models.kernels.rollout_triton")
 
@@ -173,20 +174,13 @@ def _chunked(
         torch.tensor([[0.3, -0.3], [0.0, 0.5]]),
     )
     engine = ChunkedRollout(model, device, 16)
-    schedule = [
+    schedule: list[Chunk] = [
         ([(1, arrays[0:3])], [], {}, []),
         ([(2, arrays[3:5])], [], {2: start}, [2]),
         ([(3, arrays[5:6]), (4, arrays[6:7])], [], {}, []),
         ([], [4], {}, []),
     ]
-    finished: dict[int, list[np.ndarray]] = {}
-    states: dict[int, RolloutState] = {}
-    while schedule or engine.running_sequences:
-        joins, leaves, starts, keep = schedule.pop(0) if schedule else ([], [], {}, [])
-        done, _, _ = engine.advance(joins, leaves, starts, keep)
-        finished.update(done)
-        states.update(engine.finished_states)
-    return finished, states
+    return serve_schedule(engine, schedule)
 
 
 def test_chunked_rollout_on_cuda_equals_the_cpu_path() -> None:

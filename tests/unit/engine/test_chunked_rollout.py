@@ -12,6 +12,7 @@ from rnnserve.models.packing import pack
 from rnnserve.models.traveller import RolloutState
 from rnnserve.service.engine.chunked_rollout import ChunkedRollout
 from rnnserve.service.engine.runtime import _advance
+from tests.helpers import Chunk, serve_schedule
 from tests.references import available_backends, bent_model
 
 CPU = torch.device("cpu")
@@ -203,15 +204,9 @@ def test_every_backend_gives_each_sequence_its_own_rollout_through_joins_and_lea
         torch.cat([e.p for e in ends], 0).float(),
     )
     engine = ChunkedRollout(model, CPU, 4)
-    schedule = [([(1, a)], [], {}, []), ([(2, b)], [], {2: start}, [2]), ([(3, gone)], [], {}, [])]
-    schedule.append(([], [3], {}, []))
-    finished: dict[int, list[np.ndarray]] = {}
-    states: dict[int, RolloutState] = {}
-    while schedule or engine.running_sequences:
-        joins, leaves, starts, keep = schedule.pop(0) if schedule else ([], [], {}, [])
-        done, _, _ = engine.advance(joins, leaves, starts, keep)
-        finished.update(done)
-        states.update(engine.finished_states)
+    schedule: list[Chunk] = [([(1, a)], [], {}, []), ([(2, b)], [], {2: start}, [2])]
+    schedule += [([(3, gone)], [], {}, []), ([], [3], {}, [])]
+    finished, states = serve_schedule(engine, schedule)
     assert sorted(finished) == [1, 2]
     for u, y in zip(a, finished[1], strict=True):
         np.testing.assert_allclose(y, _alone(model64, u)[0], atol=1e-5, rtol=0)

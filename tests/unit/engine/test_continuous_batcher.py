@@ -487,11 +487,17 @@ async def test_a_failed_chunk_is_logged_once_with_the_ids_of_its_requests(
     await b.close()
 
 
-async def _held_chunk(b: ContinuousBatcher[int, str], engine: FakeEngine, steps: int) -> Any:
-    """Submit ``steps`` and wait until the engine holds its first chunk."""
+async def _held_first_chunk(
+    steps: int, max_active: int = 8
+) -> tuple[FakeEngine, ContinuousBatcher[int, str], Any]:
+    """A started batcher whose engine holds its first chunk: one item of ``steps``."""
+    engine = FakeEngine()
+    engine.release.clear()
+    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=max_active)
+    b.start()
     task = asyncio.ensure_future(b.submit(steps))
     await asyncio.wait_for(engine.entered.wait(), 5)
-    return task
+    return engine, b, task
 
 
 @pytest.fixture(autouse=True)
@@ -501,11 +507,7 @@ def run_on_for_half_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_the_engine_may_go_on_until_an_item_is_queued() -> None:
-    engine = FakeEngine()
-    engine.release.clear()
-    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=1)
-    b.start()
-    running = await _held_chunk(b, engine, 3)
+    engine, b, running = await _held_first_chunk(3, max_active=1)
     unchanged = engine.unchanged
     assert unchanged() is True
     assert unchanged() is True  # asking changes nothing
@@ -518,11 +520,7 @@ async def test_the_engine_may_go_on_until_an_item_is_queued() -> None:
 
 
 async def test_the_engine_may_go_on_until_a_caller_goes_away() -> None:
-    engine = FakeEngine()
-    engine.release.clear()
-    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
-    b.start()
-    gone = await _held_chunk(b, engine, 1000)
+    engine, b, gone = await _held_first_chunk(1000)
     unchanged = engine.unchanged
     assert unchanged() is True
     gone.cancel()
@@ -534,11 +532,7 @@ async def test_the_engine_may_go_on_until_a_caller_goes_away() -> None:
 
 
 async def test_the_engine_may_go_on_until_the_batcher_closes() -> None:
-    engine = FakeEngine()
-    engine.release.clear()
-    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
-    b.start()
-    running = await _held_chunk(b, engine, 2)
+    engine, b, running = await _held_first_chunk(2)
     unchanged = engine.unchanged
     closing = asyncio.ensure_future(b.close())
     await asyncio.sleep(0)
@@ -563,11 +557,7 @@ async def test_an_item_that_finishes_by_itself_is_no_news() -> None:
 
 async def test_the_engine_may_go_on_for_run_on_s_at_most() -> None:
     """So that the metrics and traces see a lone long rollout now and then."""
-    engine = FakeEngine()
-    engine.release.clear()
-    b: ContinuousBatcher[int, str] = ContinuousBatcher(engine, max_active=8)
-    b.start()
-    running = await _held_chunk(b, engine, 2)
+    engine, b, running = await _held_first_chunk(2)
     unchanged = engine.unchanged
     assert unchanged() is True
     await asyncio.sleep(continuous.RUN_ON_S * 1.2)

@@ -145,18 +145,22 @@ needs_packed_sgemm = pytest.mark.skipif(
 )
 
 
-@needs_packed_sgemm
-def test_packed_weights_are_kept_for_the_newest_batch_widths(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    packed_for: list[int] = []
+@pytest.fixture
+def packed_for(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of rows MKL's packing is made for, at each packing."""
+    rows: list[int] = []
     real = rollout_cpu._pack_weights
 
     def spy(weights: list[np.ndarray], n_rows: int) -> Any:
-        packed_for.append(n_rows)
+        rows.append(n_rows)
         return real(weights, n_rows)
 
     monkeypatch.setattr(rollout_cpu, "_pack_weights", spy)
+    return rows
+
+
+@needs_packed_sgemm
+def test_packed_weights_are_kept_for_the_newest_batch_widths(packed_for: list[int]) -> None:
     w_cat, bias, w_out, b_out = bent_weights(8, 2, torch.float32)
     bound = rollout_cpu.NumbaRollout(None, torch.float32)  # MKL from 2 rows
     kept = rollout_cpu.PACKED_WIDTHS_KEPT
@@ -180,17 +184,10 @@ def test_packed_weights_are_kept_for_the_newest_batch_widths(
     assert packed_for[kept + 2 :] == [4]
 
 
-def test_packing_is_kept_by_a_batchs_widest_step(monkeypatch: pytest.MonkeyPatch) -> None:
+@needs_packed_sgemm
+def test_packing_is_kept_by_a_batchs_widest_step(packed_for: list[int]) -> None:
     """A ragged batch's packing is kept under its first (widest) step's width, which a later
     batch as wide then finds."""
-    packed_for: list[int] = []
-    real = rollout_cpu._pack_weights
-
-    def spy(weights: list[np.ndarray], n_rows: int) -> Any:
-        packed_for.append(n_rows)
-        return real(weights, n_rows)
-
-    monkeypatch.setattr(rollout_cpu, "_pack_weights", spy)
     weights = bent_weights(8, 2, torch.float32)
     bound = rollout_cpu.NumbaRollout(None, torch.float32)
     steps = rollout_cpu.PACK_FROM_STEPS
