@@ -14,8 +14,8 @@ timesteps it ran. ``unchanged()`` (callable from any thread) stays true while no
 change the running set has happened since the call began (no item queued, no caller gone, not
 closing), no running item streams its progress and the call is younger than ``RUN_ON_S``:
 while it holds, the engine may run further chunks before it returns, and must return once an
-item finishes. That saves the round trip to
-the event loop between chunks that no join or leave would have used.
+item finishes. That saves the round trip to the event loop between chunks that no join or
+leave would have used.
 
 If the engine raises, it must then hold nothing, and every active item fails with that error;
 unless ``max_split_depth`` > 0: then the items that ran in the failed chunk with others, and
@@ -339,8 +339,9 @@ class ContinuousBatcher(Generic[T, R]):
         return unchanged
 
     def _span(self, running: list[_Work[T, R]], joins: list[_Work[T, R]]) -> Any:
-        """The chunk's span (a no-op with tracing off), linked to every running item's request;
-        the queue waits end for the items that join (a retried item's wait is not counted)."""
+        """The engine call's span (a no-op with tracing off), linked to every running item's
+        request; the queue waits end for the items that join (a retried item's wait is not
+        counted)."""
         if not enabled():
             return NO_SPAN
         attributes = {
