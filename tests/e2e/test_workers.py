@@ -151,8 +151,9 @@ async def test_requests_from_both_workers_share_a_batch(server: Server) -> None:
             seen = value(after, name, model="smoother") - value(before, name, model="smoother")
             assert seen == delta, f"{name}: {seen}"  # one batch held both workers' requests
 
-        # rollouts: chunks of steps that ran requests of both workers at once
-        def shared_chunks(text: str) -> float:
+        # rollouts: batches (a chunk of steps, or chunks run back to back while nothing
+        # changed) that ran requests of both workers at once
+        def shared_batches(text: str) -> float:
             every = value(text, "rnnserve_batch_requests_count", model="traveller")
             alone = value(text, "rnnserve_batch_requests_bucket", model="traveller", le="1.0")
             return every - alone
@@ -166,7 +167,7 @@ async def test_requests_from_both_workers_share_a_batch(server: Server) -> None:
         np.testing.assert_allclose(
             np.asarray(ra.json()["positions"]), np.asarray(rb.json()["positions"]), atol=1e-6
         )
-        assert shared_chunks(metrics(server.url)) - shared_chunks(before) >= 10
+        assert shared_batches(metrics(server.url)) - shared_batches(before) >= 1
 
 
 async def test_metrics_add_up_across_workers(server: Server) -> None:
