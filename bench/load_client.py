@@ -116,9 +116,8 @@ class _Client:
         conn: _Connection | None = None
         try:
             async with asyncio.timeout(timeout_s):
-                if self._idle:
-                    conn = self._idle.pop()
-                else:
+                conn = self._idle_connection()
+                if conn is None:
                     _, conn = await asyncio.get_running_loop().create_connection(
                         _Connection, self.host, self.port
                     )
@@ -134,6 +133,15 @@ class _Client:
         else:
             conn.close()
         return str(status)
+
+    def _idle_connection(self) -> _Connection | None:
+        """The most recently used idle connection that the server has not closed meanwhile
+        (a server closes a connection left idle past its keep-alive time)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.reusable:
+                return conn
+        return None
 
     def close(self) -> None:
         for conn in self._idle:

@@ -23,7 +23,7 @@ from safetensors.numpy import save as st_save
 from bench import bench_load, bench_load_report
 from bench.bench_models import write_section
 from bench.load import closed_loop, open_loop, poisson_arrivals, probe_binary
-from bench.load_client import loopback_url
+from bench.load_client import _Client, loopback_url
 from bench.load_cpu import process_cpu_seconds
 from bench.load_results import BatchStats, LoadResult, percentile
 from bench.load_workloads import WORKLOADS, Workload, make_bodies
@@ -271,6 +271,27 @@ async def test_a_server_that_closes_each_connection_is_not_an_error() -> None:
         r = await closed_loop(url, close, bodies, clients=2, seconds=30, max_requests=10)
     assert (r.ok, r.sent, tiny.requests) == (10, 10, 10)
     assert r.errors == Counter()
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    tiny = Tiny()
+    app = web.Application()
+    app.router.add_post("/smooth", tiny.smooth)
+    runner = web.AppRunner(app, keepalive_timeout=0.05)  # as uvicorn closes idle connections
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    client = _Client(f"http://127.0.0.1:{port}")
+    body = make_bodies(SMOOTH, 1)[0]
+    try:
+        assert await client.post("/smooth", body, timeout_s=5) == "200"
+        await asyncio.sleep(0.3)  # past the server's keep-alive time: it closes the connection
+        assert await client.post("/smooth", body, timeout_s=5) == "200"
+    finally:
+        client.close()
+        await runner.cleanup()
+    assert tiny.requests == 2
+    assert len(set(tiny.peers)) == 2  # the second request came on a new connection
 
 
 async def test_an_answer_that_is_not_http_is_a_connection_error() -> None:
