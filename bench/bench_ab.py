@@ -1,15 +1,19 @@
-"""Two rnnserve builds under the same closed-loop load, rounds interleaved: did a change regress?
+"""Two rnnserve builds or settings under the same load, rounds interleaved: did a change regress?
 
 Each side is a command that starts rnnserve (``--port`` is added) with an optional ``PYTHONPATH``
 (another checkout's folder); both run on this machine, one at a time, in alternating rounds so
-that drift in the machine's speed falls on both. Per workload: each side's median requests/s,
-p99 and server CPU time per answered request over the rounds, and B's over A's. The CPU time
-(the server process's user + system time, from ``/proc``) moves much less than throughput when
-other work shares the machine, so it tells a small regression from noise where requests/s
-cannot.
+that drift in the machine's speed falls on both. The load is closed (``--clients N``, each
+sending its next request when its last is answered) or open (``--rate R``: Poisson arrivals at
+R per second, latency from each arrival's scheduled time, as ``bench/load.py`` does). Per
+workload: each side's median requests/s, p50, p99, requests per batch and server CPU time per
+answered request over the rounds, and B's over A's. The CPU time (the server process's user +
+system time, from ``/proc``) moves much less than throughput when other work shares the
+machine, so it tells a small regression from noise where requests/s cannot.
 
 Run: ``.venv/bin/python -m bench.bench_ab --a-command "rnnserve-old" --a-path /tmp/old
---b-command .venv/bin/rnnserve`` (workloads and formats as ``bench/load.py`` names them).
+--b-command .venv/bin/rnnserve`` (workloads and formats as ``bench/load.py`` names them); a
+setting against the default: ``--a-command .venv/bin/rnnserve --b-command ".venv/bin/rnnserve
+--max-delay-ms 0"``.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from bench.load import closed_loop
-from bench.load_workloads import WORKLOADS, make_bodies
+from bench.load import closed_loop, open_loop
+from bench.load_results import LoadResult
+from bench.load_workloads import WORKLOADS, Body, make_bodies
 from tests.e2e.server import free_port
 
 
@@ -76,28 +82,89 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_round(
-    side: Side, workloads: list[str], clients: int, seconds: float
-) -> dict[str, tuple[float, float, float]]:
-    """Start ``side``, warm it, load each workload; requests/s, p99 (ms) and server CPU ms per
-    answered request, per workload."""
+@dataclass(frozen=True)
+class Load:
+    """Closed loop of ``clients`` or, with ``rate`` set, open loop at ``rate`` requests/s."""
+
+    clients: int
+    rate: float | None = None
+
+    def run(
+        self, url: str, workload_name: str, bodies: Sequence[Body], seconds: float
+    ) -> LoadResult:
+        workload = WORKLOADS[workload_name]
+        run: Coroutine[None, None, LoadResult]
+        if self.rate is None:
+            run = closed_loop(url, workload, bodies, clients=self.clients, seconds=seconds)
+        else:
+            run = open_loop(url, workload, bodies, rate=self.rate, seconds=seconds)
+        return asyncio.run(run)
+
+    def __str__(self) -> str:
+        return f"{self.clients} clients" if self.rate is None else f"open loop at {self.rate:g}/s"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One side's run of one workload."""
+
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    requests_per_batch: float
+    cpu_ms_per_request: float
+
+
+def one_round(side: Side, workloads: list[str], load: Load, seconds: float) -> dict[str, Figures]:
+    """Start ``side``, warm it, load each workload; its figures per workload."""
     proc, url = start(side)
     try:
         out = {}
         for name in workloads:
-            workload = WORKLOADS[name]
-            bodies = make_bodies(workload, 64)
-            asyncio.run(closed_loop(url, workload, bodies, clients=clients, seconds=1.0))
+            bodies = make_bodies(WORKLOADS[name], 64)
+            load.run(url, name, bodies, 1.0)
             cpu = cpu_seconds(proc.pid)
-            r = asyncio.run(closed_loop(url, workload, bodies, clients=clients, seconds=seconds))
+            r = load.run(url, name, bodies, seconds)
             cpu = cpu_seconds(proc.pid) - cpu
-            if r.errors:
-                raise RuntimeError(f"{side.name} answered errors on {name}: {r.errors}")
-            out[name] = (r.requests_per_s, r.p(99) * 1e3, 1e3 * cpu / max(r.ok, 1))
+            if r.errors or r.dropped:
+                raise RuntimeError(
+                    f"{side.name} on {name}: errors {dict(r.errors)}, {r.dropped} dropped"
+                )
+            per_batch = r.batch.requests_per_batch if r.batch else float("nan")
+            out[name] = Figures(
+                r.requests_per_s, r.p(50) * 1e3, r.p(99) * 1e3, per_batch, 1e3 * cpu / max(r.ok, 1)
+            )
         return out
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def medians(runs: list[Figures]) -> Figures:
+    """Each figure's median over the rounds."""
+    return Figures(
+        *(statistics.median(getattr(r, f) for r in runs) for f in Figures.__dataclass_fields__)
+    )
+
+
+def table(runs: dict[str, dict[str, list[Figures]]], workloads: list[str]) -> list[str]:
+    """The markdown table of each workload's medians, A's and B's side by side."""
+    lines = [
+        "| workload | A requests/s | B requests/s | B/A | A p50 ms | B p50 ms | A p99 ms "
+        "| B p99 ms | A requests/batch | B requests/batch | A CPU ms/req | B CPU ms/req "
+        "| B/A CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in workloads:
+        a, b = medians(runs["A"][name]), medians(runs["B"][name])
+        lines.append(
+            f"| {name} | {a.requests_per_s:,.1f} | {b.requests_per_s:,.1f} "
+            f"| {b.requests_per_s / a.requests_per_s:.3f} | {a.p50_ms:.1f} | {b.p50_ms:.1f} "
+            f"| {a.p99_ms:.1f} | {b.p99_ms:.1f} | {a.requests_per_batch:.1f} "
+            f"| {b.requests_per_batch:.1f} | {a.cpu_ms_per_request:.3f} "
+            f"| {b.cpu_ms_per_request:.3f} | {b.cpu_ms_per_request / a.cpu_ms_per_request:.3f} |"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,29 +176,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", default=["smooth", "rollout", "smooth4000"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--clients", type=int, default=64, help="closed loop: concurrent clients")
+    ap.add_argument("--rate", type=float, help="open loop: requests per second (not --clients)")
     args = ap.parse_args(argv)
+    load = Load(args.clients, args.rate)
     sides = [
         Side("A", absolute(args.a_command.split()), args.a_path),
         Side("B", absolute(args.b_command.split()), args.b_path),
     ]
-    runs: dict[str, dict[str, list[tuple[float, float, float]]]] = {s.name: {} for s in sides}
+    runs: dict[str, dict[str, list[Figures]]] = {s.name: {} for s in sides}
     for i in range(args.rounds):
         for side in sides if i % 2 == 0 else sides[::-1]:
-            for name, value in one_round(side, args.workloads, args.clients, args.seconds).items():
-                runs[side.name].setdefault(name, []).append(value)
-    print("| workload | A requests/s | B requests/s | B/A | A p99 ms | B p99 ms "
-          "| A CPU ms/req | B CPU ms/req | B/A CPU |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name in args.workloads:
-        ra, a99, ca = (statistics.median(col) for col in zip(*runs["A"][name], strict=True))
-        rb, b99, cb = (statistics.median(col) for col in zip(*runs["B"][name], strict=True))
-        print(f"| {name} | {ra:,.1f} | {rb:,.1f} | {rb / ra:.3f} | {a99:.1f} | {b99:.1f} "
-              f"| {ca:.3f} | {cb:.3f} | {cb / ca:.3f} |")  # fmt: skip
+            for name, figures in one_round(side, args.workloads, load, args.seconds).items():
+                runs[side.name].setdefault(name, []).append(figures)
+    print("\n".join(table(runs, args.workloads)))
     a_side = f"{args.a_command} {args.a_path or ''}"
     b_side = f"{args.b_command} {args.b_path or ''}"
-    print(f"\n{args.rounds} rounds of {args.seconds:g} s, {args.clients} clients; A: {a_side}; "
-          f"B: {b_side}")  # fmt: skip
+    print(f"\n{args.rounds} rounds of {args.seconds:g} s, {load}; A: {a_side}; B: {b_side}")
     return 0
 
 
