@@ -40,7 +40,7 @@ def test_the_table_gives_each_sides_medians_and_b_over_a() -> None:
         Figures(300.0, 4.0, 7.0, 2.0, 3.0),
         Figures(200.0, 3.0, 8.0, 3.0, 2.0),
     ]
-    b = [Figures(400.0, 1.0, 5.0, 1.0, 3.0)]
+    b = [Figures(400.0, 1.0, 5.0, 1.0, 3.0, 12.0)]
     assert medians(a) == Figures(200.0, 3.0, 8.0, 3.0, 2.0)
     header, _, row = table({"A": {"smooth": a}, "B": {"smooth": b}}, ["smooth"])
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -49,7 +49,7 @@ def test_the_table_gives_each_sides_medians_and_b_over_a() -> None:
         "workload": "smooth", "A requests/s": "200.0", "B requests/s": "400.0", "B/A": "2.000",
         "A p50 ms": "3.0", "B p50 ms": "1.0", "A p99 ms": "8.0", "B p99 ms": "5.0",
         "A requests/batch": "3.0", "B requests/batch": "1.0", "A CPU ms/req": "2.000",
-        "B CPU ms/req": "3.000", "B/A CPU": "1.500",
+        "B CPU ms/req": "3.000", "B/A CPU": "1.500", "A dropped": "0", "B dropped": "12",
     }  # fmt: skip
 
 
