@@ -138,7 +138,10 @@ class Settings(BaseSettings):
         262_144, ge=1, description="Most timesteps (sum of lengths) in one batch."
     )
     max_delay_ms: float = Field(
-        2.0, ge=0, description="Longest a request waits for others to join its batch."
+        0.0,
+        ge=0,
+        description="Longest a request waits for others to join its batch; at 0 a batch starts "
+        "as soon as the model is free, with the requests that queued while it ran.",
     )
     max_queue_size: int = Field(
         1024, ge=1, description="Requests waiting per model beyond which new ones get 503."

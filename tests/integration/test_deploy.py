@@ -18,6 +18,7 @@ import copy
 import fnmatch
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -606,6 +607,25 @@ def test_compose_environment_names_real_settings(
     assert settings.port == SERVICE_PORT
     assert settings.max_batch_size == int(env["RNNSERVE_MAX_BATCH_SIZE"])
     assert settings.bearer_token() == "compose-token"
+
+
+def test_compose_settings_without_a_note_are_the_services_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The file says its RNNSERVE_* values are the defaults unless a comment notes otherwise, so
+    a changed default must change the file too."""
+    for key in [k for k in os.environ if k.startswith("RNNSERVE_")]:
+        monkeypatch.delenv(key)
+    lines = COMPOSE_FILE.read_text().splitlines()
+    unnoted = {}
+    for above, line in itertools.pairwise(lines):
+        m = re.fullmatch(r"\s+(RNNSERVE_\w+): (\S+)", line)  # no comment on the line
+        if m and not above.lstrip().startswith("#"):  # nor on the one above
+            unnoted[m[1].removeprefix("RNNSERVE_").lower()] = m[2].strip('"')
+    assert {"max_batch_size", "max_delay_ms", "rollout_chunk_steps"} <= unnoted.keys()
+    for field, value in unnoted.items():
+        default = Settings.model_fields[field].default
+        assert getattr(Settings(**{field: value}), field) == default, (field, value, default)
 
 
 def test_compose_monitoring_stack_is_wired(compose: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "rollout_gemm_routes": "measured",
     "max_batch_size": 64,
     "max_batch_timesteps": 262_144,
-    "max_delay_ms": 2.0,
+    "max_delay_ms": 0.0,
     "max_queue_size": 1024,
     "max_request_bytes": 64 * 1024 * 1024,
     "max_sequences_per_request": 256,
