@@ -4,7 +4,12 @@ send a body in pieces, hold a connection half-sent."""
 from __future__ import annotations
 
 import socket
+import weakref
 from urllib.parse import urlsplit
+
+# bytes read from a socket past the end of the response asked for: the start of the next one,
+# when the server's answers to pipelined requests arrive in one read
+_unread: weakref.WeakKeyDictionary[socket.socket, bytes] = weakref.WeakKeyDictionary()
 
 
 def connect(url: str, timeout_s: float = 30.0) -> socket.socket:
@@ -17,7 +22,7 @@ def connect(url: str, timeout_s: float = 30.0) -> socket.socket:
 def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     """The next response on ``sock`` (status, lower-case headers, body by Content-Length).
     Raises ``ConnectionError`` if the server closes the connection before a whole response."""
-    data = b""
+    data = _unread.pop(sock, b"")
     while b"\r\n\r\n" not in data:
         got = sock.recv(65536)
         if not got:
@@ -36,6 +41,8 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
         if not got:
             raise ConnectionError("closed inside a response body")
         body += got
+    if len(body) > length:
+        _unread[sock] = body[length:]
     return status, headers, body[:length]
 
 

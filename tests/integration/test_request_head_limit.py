@@ -120,6 +120,22 @@ def test_a_small_head_that_begins_in_a_read_after_a_large_body_is_served(
     sock.close()
 
 
+def test_a_request_pipelined_in_the_read_of_the_body_before_it_is_answered(
+    served: tuple[str, HeadLimitApp],
+) -> None:
+    """Both requests in one write, so the server reads the second head with the first body and
+    both answers may reach the client in one read."""
+    url, app = served
+    sock = rawhttp.connect(url)
+    body = b"b" * (4 * LIMIT)
+    first = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    sock.sendall(first + b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert rawhttp.read_response(sock)[2].startswith(b"%d " % len(body))
+    assert rawhttp.read_response(sock)[0] == 200
+    assert refused(app) == 0
+    sock.close()
+
+
 def test_the_next_head_on_a_kept_alive_connection_is_bounded_too(
     served: tuple[str, HeadLimitApp],
 ) -> None:
