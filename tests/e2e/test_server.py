@@ -146,7 +146,9 @@ def _in_flight(url: str, endpoint: str) -> float:
 
 
 def test_sigterm_finishes_accepted_requests(tmp_path: Path) -> None:
-    srv = start_server(tmp_path, "--max-batch-size", "2")
+    # one-step chunks: the first rollouts must still be running when the twelfth request
+    # arrives, however slowly a loaded machine lets this client send them
+    srv = start_server(tmp_path, "--max-batch-size", "2", "--rollout-chunk-steps", "1")
     inputs = np.random.default_rng(3).standard_normal((2000, 6)).round(3).tolist()
 
     async def scenario() -> list[httpx.Response]:
