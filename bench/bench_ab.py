@@ -6,10 +6,10 @@ that drift in the machine's speed falls on both. The load is closed (``--clients
 sending its next request when its last is answered) or open (``--rate R``: Poisson arrivals at
 R per second, latency from each arrival's scheduled time, as ``bench/load.py`` does). Per
 workload: each side's median requests/s, p50, p99, requests per batch, server CPU time per
-answered request and (open loop) arrivals dropped, 256 being in flight, over the rounds, and B's
-over A's. The CPU time (the server process's user + system time, from ``/proc``) moves much less
-than throughput when other work shares the machine, so it tells a small regression from noise
-where requests/s cannot.
+answered request and (open loop) arrivals dropped at ``open_loop``'s in-flight bound, over the
+rounds, and B's over A's. The CPU time (the server process's user + system time, from
+``/proc``) moves much less than throughput when other work shares the machine, so it tells a
+small regression from noise where requests/s cannot.
 
 Run: ``.venv/bin/python -m bench.bench_ab --a-command "rnnserve-old" --a-path /tmp/old
 --b-command .venv/bin/rnnserve`` (workloads and formats as ``bench/load.py`` names them); a
@@ -114,7 +114,7 @@ class Figures:
     p99_ms: float
     requests_per_batch: float
     cpu_ms_per_request: float
-    dropped: float = 0.0  # open loop: arrivals not sent, 256 being in flight
+    dropped: float = 0.0  # open loop: arrivals not sent, its in-flight bound reached
 
 
 def one_round(side: Side, workloads: list[str], load: Load, seconds: float) -> dict[str, Figures]:
