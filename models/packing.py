@@ -8,7 +8,7 @@ Three ways in and out:
 - :func:`pack` / :func:`unpack` take and give a list of ``[T_i, F]`` tensors (through torch's
   ``pack_sequence`` / ``unpack_sequence``, which pad);
 - :func:`pack_flat` / :func:`unpack_flat` take and give the sequences one after another in a
-  single ``[sum T_i, F]`` array plus their lengths (:class:`FlatSequences`), and move the rows
+  single ``[sum T_i, F]`` array plus their lengths, and move the rows
   with one gather each way: no padding, no per-sequence work. The row of sorted sequence ``j``
   at step ``t`` is ``offset[t] + j``, where ``offset[t]`` is the number of rows of all earlier
   steps;

@@ -6,7 +6,8 @@ step ``z_t = concat(p_{t-1}, u_t)`` goes through every LSTM layer and
 
 The batched rollout (:func:`rollout_packed`) is a plain function over fused weights, written in
 the TorchScript subset. It runs eagerly as it is; :meth:`Traveller.compile_rollout` swaps in the
-TorchScript-compiled version (the loader does that at start-up).
+backend the settings name (the loader does that at start-up; ``auto``: numba on the CPU, Triton
+on CUDA).
 """
 
 from __future__ import annotations

@@ -229,8 +229,8 @@ class Settings(BaseSettings):
     )
     api_token: SecretStr | None = Field(
         None,
-        description="Bearer token required by /smooth, /rollout, /models, /metrics and "
-        "/admin/reload; unset: none required.",
+        description="Bearer token required by /smooth, /rollout, /models, /models/{name}/..., "
+        "/v2/models/..., /metrics and /admin/reload; unset: none required.",
     )
     api_token_file: Path | None = Field(
         None, description="File holding the bearer token (instead of RNNSERVE_API_TOKEN)."

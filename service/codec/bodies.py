@@ -1,6 +1,6 @@
 """Request and response bodies <-> float32 arrays, for JSON and the safetensors binary format.
 
-A request's sequences arrive as one :class:`~rnnserve.models.packing.FlatSequences`: a ``[sum T_i,
+A request's sequences arrive as one :class:`~rnnserve.service.interface.FlatSequences`: a ``[sum T_i,
 F]`` float32 array and the lengths. No Python object is made per number.
 
 JSON (the default) has a fast path: a compiled scanner over the body bytes that accepts only

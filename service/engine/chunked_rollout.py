@@ -9,8 +9,9 @@ the asyncio side is :class:`rnnserve.service.engine.continuous.ContinuousBatcher
 
 A sequence's result does not depend on how its steps were split into chunks: the resumable
 rollout carries ``(h, c, p)`` exactly. Which other sequences shared a step changes it only by
-float32 rounding: the CPU kernel computes a step with one running sequence in its own
-matrix-vector loop and a step with more through BLAS's GEMM, whose sums may round differently.
+float32 rounding: the CPU kernel takes each step's matrix product by the route measured fastest
+for its number of running sequences (a hand-written loop or a BLAS GEMM), whose sums may round
+differently.
 """
 
 from __future__ import annotations
