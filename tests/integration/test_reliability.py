@@ -250,6 +250,32 @@ async def test_the_bearer_token(app_client: AppClient) -> None:
     assert value(text, "rnnserve_requests_rejected_total", reason="unauthorized") == 5
 
 
+# the routes a token leaves open (docs/API.md "Authentication"): probes and the docs
+_OPEN_WITH_A_TOKEN = {
+    "/healthz", "/readyz", "/v2", "/v2/health/live", "/v2/health/ready", "/docs", "/redoc",
+    "/openapi.json",
+}  # fmt: skip
+
+
+async def test_every_described_route_but_the_open_ones_needs_the_token(
+    app_client: AppClient,
+) -> None:
+    async with app_client(api_token="s3cret") as (_, client):
+        paths = (await client.get("/openapi.json")).json()["paths"]
+        answers = {}
+        for path, operations in paths.items():
+            if path.endswith("/stream"):  # a WebSocket: its handshake is tested in test_sessions
+                continue
+            for method in operations:
+                r = await client.request(method.upper(), path.replace("{name}", "smoother"))
+                answers[f"{method.upper()} {path}"] = r.status_code
+        for path in _OPEN_WITH_A_TOKEN:
+            assert (await client.get(path)).status_code == 200, path
+    guarded = {op for op, code in answers.items() if op.split(" ")[1] not in _OPEN_WITH_A_TOKEN}
+    assert {"POST /smooth", "GET /v2/models/{name}", "POST /models/{name}/infer"} <= guarded
+    assert {op: answers[op] for op in guarded} == dict.fromkeys(guarded, 401)
+
+
 async def test_a_token_file(app_client: AppClient, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("from-a-file\n")
