@@ -28,9 +28,10 @@ CATALOGUE: dict[str, ErrorKind] = {
     **_kinds(
         400, "the body or a header cannot be read",
         invalid_json="the body is not JSON",
+        invalid_http="the request is not valid HTTP/1.1 (its line, a header or its framing)",
         invalid_safetensors="a binary body that is not a safetensors file",
-        invalid_header="X-Request-Timeout is not a positive number of seconds, or a /v2 "
-        "request's Inference-Header-Content-Length or Content-Encoding cannot be used",
+        invalid_header="X-Request-Timeout is not a positive number of seconds, the body has a "
+        "Content-Encoding, or a /v2 request's Inference-Header-Content-Length cannot be used",
     ),
     **_kinds(
         401, "a bearer token is required (when the server has one) and was missing or wrong",

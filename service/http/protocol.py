@@ -61,6 +61,7 @@ import itertools
 import logging
 import socket
 import struct
+import sys
 import termios
 from typing import Any
 
@@ -70,6 +71,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from rnnserve.service.http import errors
 from rnnserve.service.http.auth import byte_budget
+from rnnserve.service.interface import quote
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -426,6 +428,17 @@ if HttpToolsProtocol is not None:
             else:  # pragma: no cover (TCP transports can)
                 self.transport.close()
             self._count_refusal("request_header_too_large", detail)
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to bytes httptools cannot parse as HTTP/1.1, as rnnserve's JSON
+            error with the parser's reason; uvicorn calls it while it handles the parser's
+            exception."""
+            exc = sys.exc_info()[1]
+            reason = str(exc) if exc is not None and str(exc) else "it cannot be parsed"
+            detail = f"the request is not valid HTTP/1.1: {quote(reason)}"
+            self.transport.write(_error("invalid_http", detail))
+            self.transport.close()
+            self._count_refusal("invalid_http", detail)
 
         def on_body(self, body: bytes) -> None:
             # uvicorn's on_body, with the body kept as pieces and read ahead (module docstring)

@@ -172,6 +172,24 @@ def parse_body(body: bytes, schema: type[BaseModel], field: str) -> tuple[str | 
     return fields["model"], sequences
 
 
+class StateBody(BaseModel):
+    """A body's ``state`` alone (``{"state": ...}``), read precisely when the fast reader took
+    the rest of the body."""
+
+    model_config = ConfigDict(extra="forbid")
+    state: State
+
+
+def parse_state(body: bytes) -> dict[str, Any]:
+    """The ``state`` of a ``{"state": ...}`` body, as ``parse_body`` gives it (State's
+    fields), or the :class:`RequestError` that says what is wrong with it."""
+    try:
+        doc = StateBody.model_validate_json(body)
+    except pydantic.ValidationError as exc:
+        raise _from_pydantic(exc, "state") from None
+    return doc.state.model_dump()
+
+
 class WithState(list[Any]):
     """Parsed sequences that come with the body's carried-state fields (``FlatNumbers.of``
     keeps them)."""
@@ -345,14 +363,13 @@ def carried_state(
             ("state", "model" if asked.model != model else "version"),
         )  # fmt: skip
     tensors = {}
-    for name in asked.parts:
+    for name, part in asked.parts.items():
         if name not in shapes:
-            where = ("state." + name,) if asked.binary else ("state", "sequences", 0, name)
             raise RequestError(
                 "unknown_field",
-                f"model '{model}' carries no state part '{name}' (its parts: "
+                f"model '{model}' carries no state part '{quote(name)}' (its parts: "
                 f"{', '.join(shapes)})",
-                where,
+                _part_loc(name, part, asked.binary),
             )  # fmt: skip
     for name, shape in shapes.items():
         if asked.binary:
@@ -360,6 +377,14 @@ def carried_state(
         else:
             tensors[name] = _json_part(asked.parts.get(name), name, shape, n_sequences, model)
     return CarriedState(model, version, tensors)
+
+
+def _part_loc(name: str, part: Any, binary: bool) -> tuple[str | int, ...]:
+    """Where a state part is: its tensor, or the first sequence whose state holds it."""
+    if binary:
+        return (quote(bodies.STATE_PREFIX + name),)
+    first = next(i for i, row in enumerate(part) if row is not None)
+    return ("state", "sequences", first, quote(name))
 
 
 def _json_part(

@@ -145,3 +145,34 @@ def test_the_next_head_on_a_kept_alive_connection_is_bounded_too(
     send_until_cut_off(sock, HEADS["one-huge-header"])
     assert answer_then_closed(sock)[0] == 431
     assert refused(app) == 1
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /smooth HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        b"POST /smooth HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        b"GET /a b HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nBad Header: 1\r\n\r\n",
+    ],
+    ids=["negative length", "two lengths", "space in the target", "space in a name"],
+)
+def test_a_request_that_is_not_http_gets_a_json_400_naming_why(
+    served: tuple[str, HeadLimitApp], head: bytes
+) -> None:
+    url, app = served
+    with rawhttp.connect(url, 10.0) as sock:
+        sock.sendall(head)
+        status, headers, body = rawhttp.read_response(sock)
+    assert status == 400
+    assert headers["content-type"] == "application/json"
+    answer = orjson.loads(body)
+    assert answer["type"] == "invalid_http"
+    reason = answer["detail"].removeprefix("the request is not valid HTTP/1.1: ")
+    assert reason != answer["detail"]
+    assert reason  # the parser's own words
+    assert b"Bad Header" not in body
+    value = app.state.metrics.registry.get_sample_value(
+        "rnnserve_requests_rejected_total", {"endpoint": "none", "reason": "invalid_http"}
+    )
+    assert value == 1.0
