@@ -73,7 +73,7 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     if header_length is None:
         return body, memoryview(b"")
     text = header_length.strip()
-    if not text.isdigit() or int(text) > len(body):
+    if not (text.isascii() and text.isdigit()) or int(text) > len(body):  # not '²'
         raise _bad(
             "invalid_header",
             f"{HEADER_LENGTH} must be a whole number of bytes, at most the body's {len(body)}",
@@ -101,8 +101,10 @@ def decode_request(body: bytes, header_length: str | None) -> Request:
         raise _bad("missing", "'inputs' must be a non-empty list of tensors", "inputs")
     inputs: dict[str, Tensor] = {}
     offset = 0
+    # numpy reads a JSON true or false among numbers as 1 or 0: looked for where one may be
+    bools = b"true" in header or b"false" in header
     for i, raw in enumerate(raw_inputs):
-        tensor, offset = _input(_object(raw, f"inputs[{i}]"), i, data, offset)
+        tensor, offset = _input(_object(raw, f"inputs[{i}]"), i, data, offset, bools)
         if tensor.name in inputs:
             raise _bad(
                 "invalid_request", f"input '{quote(tensor.name)}' is given twice", "inputs", i
@@ -117,7 +119,9 @@ def decode_request(body: bytes, header_length: str | None) -> Request:
     return Request(rid, inputs, _outputs(doc.get("outputs")), binary_output, params)
 
 
-def _input(raw: dict[str, Any], i: int, data: memoryview, offset: int) -> tuple[Tensor, int]:
+def _input(
+    raw: dict[str, Any], i: int, data: memoryview, offset: int, bools: bool
+) -> tuple[Tensor, int]:
     name, datatype, shape = raw.get("name"), raw.get("datatype"), raw.get("shape")
     if not isinstance(name, str):
         raise _bad("missing", f"inputs[{i}] needs a 'name' string", "inputs", i, "name")
@@ -143,7 +147,7 @@ def _input(raw: dict[str, Any], i: int, data: memoryview, offset: int) -> tuple[
             raise _bad("invalid_request", f"input '{quote(name)}' has data and binary_data_size")
         array, offset = _binary(name, DATATYPES[datatype], count, size, data, offset)
     elif "data" in raw:
-        array = _json_data(name, datatype, count, raw["data"])
+        array = _json_data(name, datatype, count, raw["data"], bools)
     else:
         raise _bad("missing", f"input '{quote(name)}' has neither data nor binary_data_size")
     return Tensor(name, datatype, dims, array.reshape(dims)), offset
@@ -166,7 +170,8 @@ def _binary(
     return array, offset + size
 
 
-def _json_data(name: str, datatype: str, count: int, data: Any) -> np.ndarray:
+def _json_data(name: str, datatype: str, count: int, data: Any, bools: bool) -> np.ndarray:
+    """``data``'s numbers (``bools``: the body may hold a JSON true or false somewhere)."""
     bad = _bad("not_a_number", f"input '{quote(name)}': data must be {datatype} numbers")
     try:
         array = np.asarray(data)
@@ -179,8 +184,19 @@ def _json_data(name: str, datatype: str, count: int, data: Any) -> np.ndarray:
         )  # fmt: skip
     if count and array.dtype.kind not in _JSON_KINDS[datatype]:
         raise bad
+    if bools and _holds_a_bool(data):
+        raise bad
     with np.errstate(over="ignore"):  # beyond float32's range: found as non-finite later
         return array.astype(DATATYPES[datatype]).reshape(-1)
+
+
+def _holds_a_bool(data: Any) -> bool:
+    """Whether ``data`` (a number or nested lists, as numpy took them) holds a bool."""
+    if not isinstance(data, list):
+        return type(data) is bool
+    if data and isinstance(data[0], list):
+        return any(map(_holds_a_bool, data))
+    return bool in set(map(type, data))
 
 
 def _outputs(raw: Any) -> dict[str, bool | None] | None:

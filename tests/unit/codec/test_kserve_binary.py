@@ -50,7 +50,9 @@ def test_nested_and_flat_json_data_read_the_same() -> None:
 @pytest.mark.parametrize(
     ("data", "datatype"),
     [("[true, false]", "FP32"), ('["1", "2"]', "FP32"), ("[null, 1]", "FP32"),
-     ("[1.5, 2]", "INT64"), ("[[1], [2, 3]]", "FP32"), ("[1180591620717411303424, 1]", "INT64")],
+     ("[1.5, 2]", "INT64"), ("[[1], [2, 3]]", "FP32"), ("[1180591620717411303424, 1]", "INT64"),
+     # numpy would read a bool among numbers as 1 or 0
+     ("[0.5, true]", "FP32"), ("[[false], [1.5]]", "FP32"), ("[true, 1]", "INT64")],
 )  # fmt: skip
 def test_json_data_of_another_type_is_refused(data: str, datatype: str) -> None:
     tensor = f'{{"name": "x", "datatype": "{datatype}", "shape": [2], "data": {data}}}'
@@ -61,8 +63,9 @@ def test_json_data_of_another_type_is_refused(data: str, datatype: str) -> None:
 
 @pytest.mark.parametrize(
     ("header_length", "kind"),
-    [("x", "invalid_header"), ("-1", "invalid_header"), ("99999", "invalid_header")],
-)
+    [("x", "invalid_header"), ("-1", "invalid_header"), ("99999", "invalid_header"),
+     ("\u00b2", "invalid_header"), ("1\u00b9", "invalid_header")],  # digits, not ASCII ones
+)  # fmt: skip
 def test_a_bad_header_length_is_an_invalid_header(header_length: str, kind: str) -> None:
     with pytest.raises(RequestError) as err:
         kb.decode_request(b"{}", header_length)
