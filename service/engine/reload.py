@@ -35,7 +35,12 @@ def model_file(name: str, where: Path | None) -> Path:
 
 def file_version(path: Path) -> str:
     """The first hex digits of the sha256 of the file's bytes: its tensors and its metadata
-    (kind and config) both, so any change to what would be served changes the version."""
+    (kind and config) both, so any change to what would be served changes the version.
+
+    Only a regular file (or a link to one) is read: a FIFO would block the read for ever and a
+    device (a link to ``/dev/zero``) never end it."""
+    if not path.is_file():
+        raise models.ModelLoadError(f"{path}: not a regular file")
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -197,6 +197,27 @@ async def test_a_removed_file_stops_its_model_after_its_requests(
     assert reloads(runtime, "removed") == 1
 
 
+@pytest.mark.parametrize("kind", ["fifo", "link to a device"])
+async def test_a_model_entry_that_is_not_a_regular_file_fails_without_blocking(
+    served: tuple[ModelRuntime, Path], kind: str
+) -> None:
+    """A FIFO would block a read for ever and /dev/zero never end one: refused unread, and the
+    next reload is not held up by it."""
+    runtime, folder = served
+    entry = folder / "c.safetensors"
+    if kind == "fifo":
+        os.mkfifo(entry)
+    else:
+        entry.symlink_to("/dev/zero")
+    report = await asyncio.wait_for(runtime.reload(), 30)
+    assert list(report.failed) == ["c"]
+    assert "c.safetensors: not a regular file" in report.failed["c"]
+    assert sorted(runtime.models) == ["a", "b"]
+    entry.unlink()
+    write(folder, "c", 0.2)
+    assert (await asyncio.wait_for(runtime.reload(), 30)).loaded == ["c"]
+
+
 async def test_a_new_file_is_served_but_a_pickle_in_the_folder_changes_nothing(
     served: tuple[ModelRuntime, Path],
 ) -> None:
