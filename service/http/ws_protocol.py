@@ -33,6 +33,11 @@ copy too; a close frame could not reach a client that does not read), counted in
 slot, its frames' bytes and its running chunk are freed then. The timer runs on while the
 connection is closing: a close with unsent bytes would otherwise wait on the client for ever.
 
+And while the client does not read (writes paused), nothing more is read from it: each ping
+it sends would queue a pong unsent (``websockets`` answers every one), beyond the budget and
+without bound, a few hundred MB in seconds from a client that sends pings and reads nothing.
+Reading resumes with the writes, unless uvicorn holds it for a message the app has not taken.
+
 It subclasses the protocol uvicorn's ``ws="auto"`` picks when ``websockets`` is installed (it
 is a dependency of rnnserve): the Sans-I/O one.
 """
@@ -111,6 +116,25 @@ class SessionWebSocketProtocol(UnreadAnswers, WebSocketsSansIOProtocol):
         self._lost.set()
 
     # -- answers a client does not read: UnreadAnswers (service/http/protocol.py) --
+
+    _reads_held = False  # reads paused while writes are: the client reads nothing
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._reads_held = True
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._reads_held = False
+        if not self.read_paused:  # else uvicorn resumes once the app takes its message
+            self.transport.resume_reading()
+
+    async def receive(self) -> Any:
+        message = await super().receive()  # may resume reading: the app took its message
+        if self._reads_held:
+            self.transport.pause_reading()  # before any read: no await in between
+        return message
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)

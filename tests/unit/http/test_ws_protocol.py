@@ -266,3 +266,31 @@ async def test_answers_the_client_reads_are_given_back_and_never_reset() -> None
     assert not transport.aborted
     assert app.timeouts() == 0
     await lose(protocol)
+
+
+def ping(payload: bytes = b"p" * 100) -> bytes:
+    return frame_head(len(payload), opcode=0x9) + payload
+
+
+async def test_nothing_is_read_from_a_client_while_it_reads_nothing() -> None:
+    """Each ping read would queue a pong unsent, outside the budget: reads stop with the writes
+    and start again with them, and a message the app takes meanwhile does not start them."""
+    app, protocol, transport = await open_session()
+    transport.reading = True
+    protocol.data_received(ping())
+    assert transport.written.endswith(b"\x8a\x64" + b"p" * 100)  # answered while it reads
+    protocol.pause_writing()
+    assert not transport.reading
+    protocol.queue.put_nowait({"type": "websocket.receive", "text": "x"})
+    protocol.read_paused = True  # uvicorn's own pause, for that message
+    await protocol.receive()  # the app takes it: uvicorn would resume reading here
+    assert not transport.reading
+    protocol.read_paused = True  # another message waits: uvicorn resumes once it is taken
+    protocol.resume_writing()
+    assert not transport.reading
+    protocol.read_paused = False
+    protocol.pause_writing()
+    protocol.resume_writing()
+    assert transport.reading
+    await lose(protocol)
+    assert app.held() == 0
