@@ -1,7 +1,7 @@
 """Request and response bodies <-> float32 arrays, for JSON and the safetensors binary format.
 
-A request's sequences arrive as one :class:`~rnnserve.service.interface.FlatSequences`: a ``[sum T_i,
-F]`` float32 array and the lengths. No Python object is made per number.
+A request's sequences arrive as one :class:`~rnnserve.service.interface.FlatSequences`: a
+``[sum T_i, F]`` float32 array and the lengths. No Python object is made per number.
 
 JSON (the default) has a fast path: a compiled scanner over the body bytes that accepts only
 the happy path, ``{"<field>": [[[num, ...], ...], ...], "model": "<plain string>" | null}`` in
@@ -49,7 +49,14 @@ _MAX_B10 = 308  # a number that may reach 10**309 is left to the precise path
 # scan() result slots
 _OK, _N_SEQ, _TOTAL, _WIDTH, _VAL_START, _MODEL, _MODEL_START, _MODEL_END = range(8)
 _N_SLOW, _FIRST_INF, _TOO_LONG_AT, _TOO_LONG_LEN = range(8, 12)
-_N_SLOTS = 12
+_RETURN_STATE, _STATE_START, _STATE_END = range(12, 15)
+_N_SLOTS = 15
+# the other keys the scanner takes, as bytes
+_KEY_STATE = np.frombuffer(b"state", np.uint8)
+_KEY_RETURN_STATE = np.frombuffer(b"return_state", np.uint8)
+_NULL = np.frombuffer(b"null", np.uint8)
+_TRUE = np.frombuffer(b"true", np.uint8)
+_FALSE = np.frombuffer(b"false", np.uint8)
 _SHORT_OF_ROOM = -2  # _read_field: more numbers for float() than the slow table holds
 
 _WS = (0x20, 0x09, 0x0A, 0x0D)
@@ -195,6 +202,40 @@ def _scan_string(buf: Any, pos: int) -> int:
             return pos
         if c == 0x5C or c < 0x20:  # a backslash or a control character
             return -1
+        pos += 1
+    return -1
+
+
+def _is_key(buf: Any, start: int, length: int, key: Any) -> bool:
+    """Whether the ``length`` bytes at ``start`` are ``key``."""
+    if length != key.shape[0]:
+        return False
+    for i in range(length):  # noqa: SIM110 (numba compiles the loop, not a generator)
+        if buf[start + i] != key[i]:
+            return False
+    return True
+
+
+def _skip_object(buf: Any, pos: int) -> int:
+    """Just past the object that starts at ``pos`` (``{``): brackets counted, strings skipped
+    whole; -1 where a string has an escape or the body ends first. What is inside is not
+    checked: whoever reads it does."""
+    n = buf.shape[0]
+    depth = 0
+    while pos < n:
+        c = buf[pos]
+        if c == 0x22:  # '"'
+            end = _scan_string(buf, pos + 1)
+            if end < 0:
+                return -1
+            pos = end + 1
+            continue
+        if c == 0x7B or c == 0x5B:  # '{' '['
+            depth += 1
+        elif c == 0x7D or c == 0x5D:  # '}' ']'
+            depth -= 1
+            if depth == 0:
+                return pos + 1
         pos += 1
     return -1
 
@@ -436,6 +477,8 @@ def _scan(
     pos = _skip_ws(buf, pos + 1)
     seen_field = False
     seen_model = False
+    seen_state = False
+    seen_return_state = False
     while True:
         if pos >= n or buf[pos] != 0x22:
             return
@@ -457,6 +500,8 @@ def _scan(
             and buf[pos + 4] == 0x65  # e
             and buf[pos + 5] == 0x6C  # l
         )
+        is_state = not is_field and _is_key(buf, pos + 1, klen, _KEY_STATE)
+        is_return_state = _is_key(buf, pos + 1, klen, _KEY_RETURN_STATE)
         pos = _skip_ws(buf, end + 1)
         if pos >= n or buf[pos] != 0x3A:  # ':'
             return
@@ -487,6 +532,29 @@ def _scan(
                 out[_MODEL_START] = pos + 1
                 out[_MODEL_END] = end
                 pos = end + 1
+            else:
+                return
+        elif is_state and not seen_state:
+            # its span only: the precise reader reads it (a few numbers a sequence)
+            seen_state = True
+            if pos < n and buf[pos] == 0x7B:  # '{'
+                end = _skip_object(buf, pos)
+                if end < 0:
+                    return
+                out[_STATE_START] = pos
+                out[_STATE_END] = end
+                pos = end
+            elif pos + 4 <= n and _is_key(buf, pos, 4, _NULL):
+                pos += 4
+            else:
+                return
+        elif is_return_state and not seen_return_state:
+            seen_return_state = True
+            if pos + 4 <= n and _is_key(buf, pos, 4, _TRUE):
+                out[_RETURN_STATE] = 1
+                pos += 4
+            elif pos + 5 <= n and _is_key(buf, pos, 5, _FALSE):
+                pos += 5
             else:
                 return
         else:  # an unknown or repeated key
@@ -685,6 +753,8 @@ _digits16 = _jit(_digits16, inline="always")
 _skip_ws = _jit(_skip_ws)
 _check_number = _jit(_check_number)
 _scan_string = _jit(_scan_string)
+_is_key = _jit(_is_key, inline="always")
+_skip_object = _jit(_skip_object)
 _read_field = _jit(_read_field)
 _scan = _jit(_scan)
 _mul128 = _jit(_mul128)
@@ -729,6 +799,9 @@ class Decoded:
     model: str | None
     _finish: Any  # (input_dim, model name) -> FlatSequences, raising RequestError
     state: StateAsked = NO_STATE
+    # a JSON body's "state" object, (start, end) in the body: still to read (precisely), and
+    # then ``state`` holds only whether the body asked for the final state
+    state_span: tuple[int, int] | None = None
 
     def sequences(self, input_dim: int, model: str) -> FlatSequences:
         """Check limits and width against the model; the float32 sequences.
@@ -804,7 +877,9 @@ def _decode_json(body: bytes, field: str, limits: Limits) -> Decoded | None:
             raise _value_error(out, first_inf, field, "value is outside float32's range")
         return out
 
-    return Decoded(model, finish)
+    asked = StateAsked(True) if info[_RETURN_STATE] else NO_STATE
+    span = (int(info[_STATE_START]), int(info[_STATE_END])) if info[_STATE_END] else None
+    return Decoded(model, finish, asked, span)
 
 
 # -- errors shared by both formats --------------------------------------------------------------
@@ -935,25 +1010,47 @@ def _read_header(body: bytes) -> tuple[dict[str, Any], dict[str, str], int]:
         nbytes = int(np.prod(entry["shape"], dtype=object)) * _ITEMSIZE[entry["dtype"]]
         if not 0 <= begin <= end <= data_len or end - begin != nbytes:
             raise _not_safetensors(f"tensor '{quote(name)}' does not fit its data_offsets")
+        # an empty tensor's other dimensions are free of its size: bounded here so that no
+        # shape is beyond what an array can have ([2**62, 0])
+        if int(np.prod([d for d in entry["shape"] if d], dtype=object)) > len(body):
+            raise _not_safetensors(f"tensor '{quote(name)}' has a shape no body this size holds")
+    _check_tiling(header, data_len)
     return header, meta, start
+
+
+def _check_tiling(header: dict[str, Any], data_len: int) -> None:
+    """The tensors' bytes, in the order of their offsets, follow one another from the start
+    of the data to the body's end, as the safetensors library requires: no byte read twice,
+    none left over."""
+    end_before = 0
+    for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"]):
+        begin, end = entry["data_offsets"]
+        if begin != end_before:
+            why = "overlaps the tensor before it" if begin < end_before else "leaves a gap"
+            raise _not_safetensors(f"tensor '{quote(name)}' {why} in the data")
+        end_before = end
+    if end_before != data_len:
+        raise _not_safetensors(f"{data_len - end_before} bytes after the last tensor")
 
 
 def _tensor(
     body: bytes, header: dict[str, Any], start: int, name: str, dtype: str, ndim: int
 ) -> np.ndarray:
     entry = header.get(name)
+    shown = quote(name)  # a state tensor's name is the client's
     if entry is None:
-        raise RequestError("missing", f"tensor '{name}' is required", (name,))
+        raise RequestError("missing", f"tensor '{shown}' is required", (shown,))
     if entry["dtype"] != dtype:
         raise RequestError(
-            "wrong_dtype", f"tensor '{name}' must be {dtype}, not {entry['dtype']}", (name,)
+            "wrong_dtype", f"tensor '{shown}' must be {dtype}, not {entry['dtype']}", (shown,)
         )
     shape = entry["shape"]
     if len(shape) != ndim:
         want = "[sum of lengths, features]" if ndim == 2 else "[sequences]"
         raise RequestError(
-            "wrong_shape", f"tensor '{name}' must be {ndim}-D {want}, not {quote(shape)}", (name,)
-        )
+            "wrong_shape", f"tensor '{shown}' must be {ndim}-D {want}, not {quote(shape)}",
+            (shown,),
+        )  # fmt: skip
     begin, end = entry["data_offsets"]
     arr = np.frombuffer(body, _DTYPES[dtype], (end - begin) // _DTYPES[dtype].itemsize,
                         start + begin)  # fmt: skip

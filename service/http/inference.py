@@ -33,10 +33,9 @@ from rnnserve.service.codec.bodies import StateAsked
 from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings
 from rnnserve.service.endpoints import INFER, ROLLOUT, Endpoint
-from rnnserve.service.http import defaults, errors, negotiation, tracing
+from rnnserve.service.http import defaults, errors, negotiation, precise, tracing
 from rnnserve.service.http.auth import Held, byte_budget, read_body
 from rnnserve.service.http.outcomes import ClientGone, DeadlineExceeded
-from rnnserve.service.http.precise import read_precisely
 from rnnserve.service.http.responses import BuffersResponse, error_response
 from rnnserve.service.http.streaming import NDJSON, disconnected, ndjson
 from rnnserve.service.http.validation import (
@@ -116,7 +115,7 @@ def _deadline(given: str | None, started: float, default_s: float) -> float:
     timeout = default_s if default_s > 0 else math.inf
     if given is not None:
         try:
-            asked = float(given)
+            asked = float(given) if "_" not in given else math.nan  # float() takes "1_0"
         except ValueError:
             asked = math.nan
         if not asked > 0:  # also NaN
@@ -265,7 +264,19 @@ def limits_of(settings: Settings) -> Limits:
     )
 
 
+def refuse_compressed(call: Call) -> None:
+    """A body is read as sent: one with a ``Content-Encoding`` would be read as garbage."""
+    encoding = call.request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise RequestError(
+            "invalid_header",
+            f"Content-Encoding {quote(encoding, 32)!r}: a compressed body is not taken; send "
+            "it as is",
+        )  # fmt: skip
+
+
 async def _decode(call: Call, body: bytes) -> _Parsed:
+    refuse_compressed(call)
     codec: CodecPool = call.state.codec  # create_app's, closed by its lifespan
     ctype = call.content_type
     field = call.endpoint.input_field
@@ -278,12 +289,13 @@ async def _decode(call: Call, body: bytes) -> _Parsed:
     else:
         decoded = await codec.run(json_bytes, bodies.decode, body, ctype, field, limits)
     if decoded is not None:
-        return _Parsed(decoded.model, decoded, state=decoded.state)
+        state = await precise.read_state(decoded, body, byte_budget(call.state), call.held, codec)
+        if state is not None:
+            return _Parsed(decoded.model, decoded, state=state)
     # off the JSON fast path: the precise parser (in a child for large bodies, its memory held
-    # in the budget) says what is wrong, or reads what the fast one declined (a body with a
-    # carried state among them: the fast reader takes only the sequences and the model)
+    # in the budget) says what is wrong, or reads what the fast one declined
     schema = SCHEMAS[call.endpoint][0]
-    name, flat = await read_precisely(call.request, body, schema, field, call.held, codec)
+    name, flat = await precise.read_precisely(call.request, body, schema, field, call.held, codec)
     return _Parsed(name, None, flat, state_from_json(flat.state, flat.return_state))
 
 

@@ -308,9 +308,7 @@ async def serve(request: Request, name: str, version: str | None = None) -> Resp
 
 async def _decode(call: inference.Call, body: bytes) -> kserve_binary.Request:
     request = call.request
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding != "identity":
-        raise RequestError("invalid_header", "a compressed body is not taken; send it as is")
+    inference.refuse_compressed(call)
     codec: CodecPool = call.state.codec
     header_length = request.headers.get(kserve_binary.HEADER_LENGTH)
     return await codec.run(len(body), kserve_binary.decode_request, body, header_length)

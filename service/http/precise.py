@@ -19,17 +19,23 @@ import asyncio
 import concurrent.futures
 import multiprocessing
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import Request
 from pydantic import BaseModel
 
+from rnnserve.service.codec.bodies import Decoded, StateAsked
 from rnnserve.service.codec.threads import CodecPool
-from rnnserve.service.http.auth import Held, budget_of, overloaded
-from rnnserve.service.http.validation import FlatNumbers, parse_body
+from rnnserve.service.http.auth import ByteBudget, Held, budget_of, overloaded
+from rnnserve.service.http.validation import FlatNumbers, parse_body, parse_state, state_from_json
 from rnnserve.service.interface import RequestError
+from rnnserve.service.lifeline import die_with_parent
 
 CHILD_MIN_BYTES = 256 * 1024
+
+_T = TypeVar("_T")
 
 # what one number or one list costs at most while it is parsed: pydantic's own tree of the JSON
 # (Rust values), then a Python float (24 bytes) and its slot in a list, or a list (56 + slots);
@@ -58,19 +64,42 @@ async def read_precisely(
 ) -> tuple[str | None, FlatNumbers]:
     """The precise path for one request's body, its memory held in the byte budget (``held``
     grows by it; the route gives it back with the body's bytes)."""
+    await hold_cost(body, budget_of(request), held, codec)
+    return await READER.read(body, schema, field, codec)
+
+
+async def hold_cost(body: bytes, budget: ByteBudget, held: Held, codec: CodecPool) -> None:
+    """Hold in ``budget`` what the precise parse of ``body`` may take (``held`` grows by it);
+    413 ``body_too_large`` if it could never fit, 503 ``overloaded`` if not now."""
     cost = await codec.run(len(body), precise_cost, body)
-    budget = budget_of(request)
     if cost > budget.limit:
         raise RequestError(
             "body_too_large",
-            f"this body needs the precise JSON reader (it has escapes, repeated keys or an "
-            f"error), which would take about {cost} bytes for it, over max_inflight_bytes "
-            f"({budget.limit}); send plain JSON or safetensors",
+            f"this body goes to the precise JSON reader (json_reader is 'precise', or the body "
+            f"has escapes, repeated keys or an error), which would take about {cost} bytes for "
+            f"it, over max_inflight_bytes ({budget.limit}); send plain JSON or safetensors",
         )  # fmt: skip
     if not budget.take(cost):
         raise overloaded(budget)
     held.n += cost
-    return await READER.read(body, schema, field, codec)
+
+
+async def read_state(
+    decoded: Decoded, body: bytes, budget: ByteBudget, held: Held, codec: CodecPool
+) -> StateAsked | None:
+    """What a body the fast reader took asks of the carried state. The fast reader leaves a
+    ``state`` object to this one (its memory held as for a whole body); ``None`` if the state
+    has an error, which the precise read of the whole body then names where it is."""
+    if decoded.state_span is None:
+        return decoded.state
+    begin, end = decoded.state_span
+    part = b'{"state":' + body[begin:end] + b"}"
+    await hold_cost(part, budget, held, codec)
+    try:
+        doc = await READER.run(codec, parse_state, part)
+    except RequestError:
+        return None
+    return state_from_json(doc, decoded.state.return_state)
 
 
 class PreciseReader:
@@ -83,9 +112,13 @@ class PreciseReader:
     def _child(self) -> concurrent.futures.ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
-                # spawn: the child must not inherit this process's threads and event loop
+                # spawn: the child must not inherit this process's threads and event loop; it
+                # dies with this process, however that ends (kill -9 too): nothing else would
+                # tell it, since it holds both ends of its own queue's pipe
                 context = multiprocessing.get_context("spawn")
-                self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=context)
+                self._pool = concurrent.futures.ProcessPoolExecutor(
+                    1, mp_context=context, initializer=die_with_parent
+                )
             return self._pool
 
     async def read(
@@ -94,11 +127,16 @@ class PreciseReader:
         """The body's model name and numbers, or the :class:`RequestError` that says what is
         wrong with it; parsed in the child when the body is large, else where ``codec`` puts
         work of its size."""
+        return await self.run(codec, parse_flat, body, schema, field)
+
+    async def run(self, codec: CodecPool, parse: Callable[..., _T], body: bytes, *args: Any) -> _T:
+        """``parse(body, *args)``: in the child when the body is large, else where ``codec``
+        puts work of its size."""
         if len(body) < CHILD_MIN_BYTES:
-            return await codec.run(len(body), parse_flat, body, schema, field)
+            return await codec.run(len(body), parse, body, *args)
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._child(), parse_flat, body, schema, field)
+            return await loop.run_in_executor(self._child(), parse, body, *args)
         except concurrent.futures.process.BrokenProcessPool:
             with self._lock:  # the child died (killed, out of memory): the next body starts one
                 self._pool = None

@@ -87,13 +87,19 @@ def too_large_detail(limit: int) -> str:
 
 def close_reason(error_type: str, detail: str) -> str:
     """The close frame's reason: ``{"type": ..., "detail": ...}``, the detail shortened to fit
-    the frame."""
-    limit = len(detail)
-    while True:
-        text = orjson.dumps({"type": error_type, "detail": quote(detail, limit)}).decode()
-        if len(text.encode()) <= _REASON_BYTES or limit == 0:
-            return text
-        limit = max(limit - (len(text.encode()) - _REASON_BYTES) - 1, 0)
+    the frame: the most of its characters that fit (a character may take up to 4 bytes)."""
+
+    def reason(limit: int) -> str:
+        return orjson.dumps({"type": error_type, "detail": quote(detail, limit)}).decode()
+
+    fits, over = 0, len(detail) + 1  # quote(detail, 0) fits: the type is short
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        if len(reason(middle).encode()) <= _REASON_BYTES:
+            fits = middle
+        else:
+            over = middle
+    return reason(fits)
 
 
 class Sessions:
@@ -321,11 +327,14 @@ class _Session:
         if binary or self.settings.json_reader == "fast":
             size = 0 if binary else len(frame)
             decoded = await codec.run(size, bodies.decode, frame, ctype, field, limits)
+        state = None
         if decoded is not None:
-            model, asked = decoded.model, decoded.state
+            state = await precise.read_state(decoded, frame, budget, held, codec)
+        if decoded is not None and state is not None:
+            model, asked = decoded.model, state
             sequences = decoded.sequences(self.served.input_dim, self.name)
         else:
-            await self._hold_precise(frame, budget, codec, held)
+            await precise.hold_cost(frame, budget, held, codec)
             schema = SCHEMAS[INFER][0]
             model, flat = await precise.READER.read(frame, schema, field, codec)
             asked = state_from_json(flat.state, flat.return_state)
@@ -341,16 +350,6 @@ class _Session:
                 ("model",),
             )  # fmt: skip
         return self._with_state(sequences, asked)
-
-    async def _hold_precise(
-        self, frame: bytes, budget: ByteBudget, codec: CodecPool, held: Held
-    ) -> None:
-        """Hold what the precise parse of ``frame`` may take (the JSON the fast reader
-        declined), as the HTTP path does."""
-        cost: int = await codec.run(len(frame), precise.precise_cost, frame)
-        if not budget.take(cost):
-            raise overloaded(budget)
-        held.n += cost
 
     def _with_state(self, sequences: FlatSequences, asked: StateAsked) -> FlatSequences:
         if asked.parts is not None:

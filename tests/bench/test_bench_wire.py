@@ -14,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = (
     "json: parse (fast path)",
+    "json carrying a state: parse",
     "binary: join the received pieces",
     "binary: parse (finite check left to the model)",
     "binary: parse, then the engine's finite check",
@@ -52,5 +53,6 @@ def test_a_small_run_writes_every_stage_and_the_summary(tmp_path: Path) -> None:
     assert [line.split(":")[0] for line in summary] == [
         "- binary, server path (join, parse, serialise)",
         "- JSON",
+        "- JSON carrying a state (`state` for every sequence, `return_state`)",
         "- The whole server path, binary",
     ]

@@ -21,6 +21,7 @@ from safetensors.numpy import load, save
 
 from rnnserve import models
 from rnnserve.models.recurrent import RecurrentConfig, RecurrentModel
+from rnnserve.service.http.precise import precise_cost
 from tests.integration.conftest import AppClient
 
 SAFETENSORS = "application/x-safetensors"
@@ -174,6 +175,29 @@ async def test_a_stateless_answer_is_unchanged(app_client: AppClient, model_dir:
             assert_close([np.asarray(y, np.float32) for y in plain[out_field]], ys)
 
 
+async def test_a_body_larger_than_the_precise_readers_room_carries_its_state(
+    app_client: AppClient, model_dir: Path
+) -> None:
+    """The fast reader reads a body with a state and ``return_state`` itself, leaving only the
+    state to the precise one: a body whose whole precise read (about 128 bytes a number) would
+    be over ``max_inflight_bytes`` is served, and answered as in pieces under a larger budget."""
+    rng = np.random.default_rng(7)
+    xs = random_streams(rng, "smoother", 2)
+    xs = [np.repeat(x, 50, axis=0) for x in xs]  # thousands of steps: ~100 KB a sequence
+    body = orjson.dumps({"sequences": [x.tolist() for x in xs], "return_state": True})
+    budget = 3 * len(body)
+    assert precise_cost(body) > budget  # the whole body's precise read would not fit
+    async with app_client(model_dir=model_dir) as (_, client):
+        whole, whole_state = await send(client.post, "smoother", xs, None, False)
+        head = [x[:5] for x in xs]
+        _, state = await send(client.post, "smoother", head, None, False)
+    async with app_client(model_dir=model_dir, max_inflight_bytes=budget) as (_, client):
+        rest, final = await send(client.post, "smoother", [x[5:] for x in xs], state, False)
+    assert_close(rest, [w[5:] for w in whole])
+    want, got = state_arrays(whole_state, False), state_arrays(final, False)
+    assert float(np.abs(got["s"] - want["s"]).max()) <= TOLERANCE
+
+
 @pytest.mark.parametrize("scheduling", ["continuous", "batch"])
 async def test_concurrent_streams_share_batches_and_stay_exact(
     app_client: AppClient, model_dir: Path, scheduling: str
@@ -290,6 +314,7 @@ def _json_cases(state: dict[str, Any]) -> list[tuple[dict[str, Any], str, list[A
         ({**state, "sequences": [seqs[0], no_c]}, "missing", ["state", "sequences", 1, "c"]),
         ({**state, "sequences": seqs[:1]}, "wrong_shape", ["state", "sequences"]),
         (with_seq(0, p=[0.0, 1.0]), "unknown_field", ["state", "sequences", 0, "p"]),
+        (with_seq(1, p=[0.0, 1.0]), "unknown_field", ["state", "sequences", 1, "p"]),
         (with_seq(1, h="x"), "wrong_shape", ["state", "sequences", 1, "h"]),
         (with_seq(0, h=[["a"] * 8, seqs[0]["h"][1]]), "not_a_number",
          ["state", "sequences", 0, "h", 0, 0]),
@@ -298,10 +323,11 @@ def _json_cases(state: dict[str, Any]) -> list[tuple[dict[str, Any], str, list[A
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("reader", ["fast", "precise"])
 async def test_broken_json_states_get_located_errors(
-    app_client: AppClient, model_dir: Path
+    app_client: AppClient, model_dir: Path, reader: str
 ) -> None:
-    async with app_client(model_dir=model_dir) as (_, client):
+    async with app_client(model_dir=model_dir, json_reader=reader) as (_, client):
         state = await first_state(client, "lstm")
         xs = [x.tolist() for x in random_streams(np.random.default_rng(1), "lstm", 2)]
         for bad, kind, loc in _json_cases(state):
@@ -332,6 +358,8 @@ async def test_broken_binary_states_get_located_errors(
             ({"state.h": h, "state.p": ok["state.p"]}, meta, "missing", ["state.c"]),
             ({**ok, "state.c": nan_c}, meta, "non_finite", ["state.c", 1]),
             ({**ok, "state.s": h[:, 0]}, meta, "unknown_field", ["state.s"]),
+            # the name is the client's: answered in short
+            ({**ok, "state." + "q" * 500: h}, meta, "unknown_field", ["state." + "q" * 58 + "…"]),
             ({**ok, "state.h": h.astype(np.float64)}, meta, "wrong_dtype", ["state.h"]),
             (ok, {"state_model": "traveller"}, "missing", ["__metadata__", "state_version"]),
         ]
@@ -341,6 +369,7 @@ async def test_broken_binary_states_get_located_errors(
             assert r.status_code == 422, (kind, r.text)
             got = r.json()
             assert (got["type"], got["loc"]) == (kind, loc), got
+            assert "q" * 65 not in got["detail"]
         body = save({**base, **ok}, metadata=meta)
         r = await client.post("/rollout", content=body, headers={"content-type": SAFETENSORS})
         assert r.status_code == 200

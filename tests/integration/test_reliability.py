@@ -211,12 +211,34 @@ async def test_a_running_rollout_past_its_deadline_leaves_the_batch(
     assert value(text, "rnnserve_requests_expired_total", endpoint="rollout") == 2
 
 
-@pytest.mark.parametrize("header", ["0", "-1", "abc", "nan", ""])
+@pytest.mark.parametrize("header", ["0", "-1", "abc", "nan", "", "1_0"])
 async def test_a_bad_timeout_header_is_a_400(app_client: AppClient, header: str) -> None:
     async with app_client() as (_, client):
         r = await client.post("/smooth", json=_smooth(1), headers={"X-Request-Timeout": header})
     assert r.status_code == 400
     assert r.json()["type"] == "invalid_header"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/smooth", _smooth(1)),
+        ("/rollout", {"inputs": [[ROW6]]}),
+        ("/models/smoother/infer", {"inputs": _smooth(1)["sequences"]}),
+    ],
+)
+async def test_a_compressed_body_is_a_400_not_read_as_sent(
+    app_client: AppClient, path: str, body: dict[str, Any]
+) -> None:
+    async with app_client() as (_, client):
+        for encoding in ("gzip", "br"):  # plain JSON labelled compressed: not served as if plain
+            headers = {"Content-Encoding": encoding}
+            r = await client.post(path, content=orjson.dumps(body), headers=headers)
+            assert r.status_code == 400, r.text
+            assert r.json()["type"] == "invalid_header"
+            assert encoding in r.json()["detail"]
+        headers = {"Content-Encoding": "identity"}
+        assert (await client.post(path, json=body, headers=headers)).status_code == 200
 
 
 async def test_request_ids_are_kept_or_made(app_client: AppClient) -> None:

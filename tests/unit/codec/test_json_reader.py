@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 
 from rnnserve.service.codec import bodies
 from rnnserve.service.http.errors import status as status_of
-from rnnserve.service.http.validation import RolloutRequest, SmoothRequest, parse_body, to_arrays
+from rnnserve.service.http.validation import (
+    RolloutRequest,
+    SmoothRequest,
+    parse_body,
+    parse_state,
+    to_arrays,
+)
 from rnnserve.service.interface import Limits, RequestError
 
 LIMITS = Limits(256, 100_000, 1_000_000)
@@ -25,26 +31,38 @@ WS = st.text(alphabet=" \t\r\n", max_size=3)
 
 
 def precise(body: bytes, width: int, limits: Limits = LIMITS) -> Any:
-    """What today's path gives: (model, data, lengths) or the RequestError."""
+    """What the precise path gives: (model, data, lengths, state, return_state) or the
+    RequestError."""
     try:
         name, seqs = parse_body(body, SmoothRequest, "sequences")
         arrays = to_arrays(seqs, "sequences", width, limits, name or "smoother")
     except RequestError as exc:
         return exc
     lengths = [len(a) for a in arrays]
-    return name, np.concatenate(arrays).tobytes(), lengths
+    state, asked = getattr(seqs, "state", None), getattr(seqs, "return_state", False)
+    return name, np.concatenate(arrays).tobytes(), lengths, state, asked
 
 
 def fast(body: bytes, width: int, limits: Limits = LIMITS) -> Any:
-    """What the fast path gives; None when it declines."""
+    """What the fast path gives, its ``state`` read as the server reads it (alone, precisely);
+    None when it declines, or when that state has an error (the server then reads the whole
+    body precisely)."""
     decoded = bodies.decode(body, None, "sequences", limits)
     if decoded is None:
         return None
+    state = None
+    if decoded.state_span is not None:
+        begin, end = decoded.state_span
+        try:
+            state = parse_state(b'{"state":' + body[begin:end] + b"}")
+        except RequestError:
+            return None
     try:
         seqs = decoded.sequences(width, decoded.model or "smoother")
     except RequestError as exc:
         return exc
-    return decoded.model, seqs.data.tobytes(), seqs.lengths.tolist()
+    asked = decoded.state.return_state
+    return decoded.model, seqs.data.tobytes(), seqs.lengths.tolist(), state, asked
 
 
 def same(a: Any, b: Any) -> bool:
@@ -224,6 +242,25 @@ def test_hard_numbers(text: str) -> None:
 
 
 @st.composite
+def state_text(draw: st.DrawFn) -> str:
+    """A carried state's JSON, in the request schema's shape (not checked against a model):
+    names that hold brackets and braces, parts of any nesting it allows."""
+
+    def row(n: int) -> str:
+        return "[" + ",".join(draw(WS) + draw(json_number()) for _ in range(n)) + draw(WS) + "]"
+
+    def one_sequence() -> str:
+        layers = "[" + ",".join(row(draw(st.integers(0, 3))) for _ in range(2)) + "]"
+        parts = draw(st.sampled_from([{"s": row(3)}, {"h": layers, "p": row(2)}, {}]))
+        return "{" + ",".join(f'"{k}":{draw(WS)}{v}' for k, v in parts.items()) + "}"
+
+    name = draw(st.sampled_from(['"smoother"', '"a}]{["', '"x\\u0041"', '""']))
+    sequences = "[" + ",".join(one_sequence() for _ in range(draw(st.integers(1, 3)))) + "]"
+    fields = [f'"model":{draw(WS)}{name}', '"version":"v1"', f'"sequences":{sequences}']
+    return "{" + draw(WS) + ",".join(draw(st.permutations(fields))) + draw(WS) + "}"
+
+
+@st.composite
 def valid_body(draw: st.DrawFn) -> tuple[bytes, int]:
     width = draw(st.integers(1, 4))
     n_seq = draw(st.integers(1, 4))
@@ -239,6 +276,12 @@ def valid_body(draw: st.DrawFn) -> tuple[bytes, int]:
     model = draw(st.sampled_from([None, "null", '"smoother"', '"smöother"', '""']))
     if model is not None:
         parts.append('"model"' + draw(WS) + ":" + draw(WS) + model)
+    asked = draw(st.sampled_from([None, "true", "false"]))
+    if asked is not None:
+        parts.append('"return_state"' + draw(WS) + ":" + draw(WS) + asked)
+    state = draw(st.one_of(st.none(), st.just("null"), state_text()))
+    if state is not None:
+        parts.append('"state"' + draw(WS) + ":" + draw(WS) + state)
     parts = draw(st.permutations(parts))
     body = draw(WS) + "{" + draw(WS) + ("," + draw(WS)).join(parts) + draw(WS) + "}" + draw(WS)
     return body.encode(), width
@@ -250,8 +293,10 @@ def test_fast_path_equals_precise_path(case: tuple[bytes, int]) -> None:
     body, width = case
     want = precise(body, width)
     got = fast(body, width)
-    assert got is not None, body  # every such body is on the happy path
-    assert same(got, want), (body, got, want)
+    if b"\\" not in body:  # an escape in the state's strings sends the body to the precise path
+        assert got is not None, body  # every other such body is on the happy path
+    if got is not None:
+        assert same(got, want), (body, got, want)
 
 
 JUNK = [b"", b",", b"]", b"[", b"{", b'"', b"\\", b"-", b".", b"e", b"0", b"null", b"true"]

@@ -78,6 +78,26 @@ HEADER_REFUSALS = [
     # 2**32 * 2**32 elements: 0 in int64 arithmetic, which would "fit" offsets [0, 0]
     ("size past int64", _raw({"sequences": _entry("F32", [2**32, 2**32], 0, 0)}),
      ("'sequences'", "does not fit", "data_offsets")),
+    # no bytes, so the offsets fit; no array can have that shape
+    ("empty with a huge dimension",
+     _raw({"sequences": _entry("F32", [2**62, 0], 0, 0), "lengths": _entry("I64", [1], 0, 8)},
+          b"\x00" * 8),
+     ("'sequences'", "shape")),
+    ("empty state with huge dimensions",
+     _raw({"state.h": _entry("F32", [2**31, 2**31, 0], 0, 0)}), ("'state.h'", "shape")),
+    # the library's rules: the tensors' bytes one after another, from the start to the end
+    ("overlapping tensors",
+     _raw({"sequences": _entry("F32", [2, 1], 0, 8), "lengths": _entry("I64", [1], 0, 8)},
+          b"\x00" * 8),
+     ("overlaps",)),
+    ("a gap between tensors",
+     _raw({"sequences": _entry("F32", [2, 1], 0, 8), "lengths": _entry("I64", [1], 16, 24)},
+          b"\x00" * 24),
+     ("'lengths'", "gap")),
+    ("bytes after the last tensor",
+     _raw({"sequences": _entry("F32", [2, 1], 0, 8), "lengths": _entry("I64", [1], 8, 16)},
+          b"\x00" * 20),
+     ("4 bytes after the last tensor",)),
 ]  # fmt: skip
 
 
@@ -101,6 +121,11 @@ TENSOR_REFUSALS = [
       ("sequences",))),
     ("2-D lengths", save({"sequences": GOOD, "lengths": np.array([[2]])}),
      ("wrong_shape", ("'lengths'", "1-D", "not [1, 1]"), ("lengths",))),
+    # a state tensor's name is the client's: quoted in short
+    ("a long state name of the wrong dtype",
+     save({"sequences": GOOD, "lengths": np.array([2]), "state." + "q" * 5000: GOOD[:1, :1]
+           .astype(np.float64)}, metadata={"state_model": "m", "state_version": "v"}),
+     ("wrong_dtype", ("'state.qqq", "…", "F32", "not F64"), ("state." + "q" * 58 + "…",))),
 ]  # fmt: skip
 
 
@@ -112,6 +137,7 @@ def test_tensor_refusals_name_the_tensor(
     status, kind, message, loc = _refusal(body)
     assert (status, kind, loc) == (422, want[0], want[2])
     assert mentions(message, *want[1])
+    assert len(message) < 200
 
 
 def test_aligned_tensors_are_views_of_the_body_and_unaligned_ones_aligned_copies() -> None:
@@ -126,14 +152,14 @@ def test_aligned_tensors_are_views_of_the_body_and_unaligned_ones_aligned_copies
     assert seqs.lengths.tolist() == [1, 1]
     assert np.shares_memory(seqs.data, whole)
     assert np.shares_memory(seqs.lengths, whole)
-    # by hand: data starts 2 bytes past an 8-byte boundary; lengths sit at offset 2, which puts
-    # them 4 bytes off (copied); the data at offset 18 is 4-byte aligned (a view)
+    # by hand: data starts 4 bytes past an 8-byte boundary; the sequences there are 4-byte
+    # aligned (a view); the lengths after their 24 bytes are 4 bytes off (copied)
     header = {
-        "lengths": _entry("I64", [2], 2, 18),
-        "sequences": _entry("F32", [2, 3], 18, 42),
+        "sequences": _entry("F32", [2, 3], 0, 24),
+        "lengths": _entry("I64", [2], 24, 40),
     }
-    body = _raw(header, b"\xee\xee" + lengths.tobytes() + GOOD.tobytes(), start_mod8=2)
-    assert (len(body) - 42) % 8 == 2
+    body = _raw(header, GOOD.tobytes() + lengths.tobytes(), start_mod8=4)
+    assert (len(body) - 40) % 8 == 4
     decoded = bodies.decode(body, bodies.SAFETENSORS, "sequences", LIMITS)
     assert decoded is not None
     seqs = decoded.sequences(3, "m")

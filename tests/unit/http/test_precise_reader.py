@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from rnnserve.service.http import precise, validation
 from rnnserve.service.http.validation import FlatNumbers, SmoothRequest
 from rnnserve.service.interface import Limits, RequestError
 
+ROOT = Path(__file__).resolve().parents[3]
 CODEC = CodecPool(0, 0)  # all in place: the child is the reader's own doing
 LIMITS = Limits(max_sequences=256, max_sequence_length=10**6, max_timesteps=10**7)
 
@@ -149,3 +152,49 @@ def test_flat_numbers_keep_every_number_in_order() -> None:
     flat = FlatNumbers.of([[[1.0, 2.0], [3.0]], [[4.0, 5.0, 6.0]]])
     assert flat.numbers.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert (flat.steps.tolist(), flat.widths.tolist()) == ([2, 1], [2, 1, 3])
+
+
+# a process that starts the reader's child, says the child's pid, and waits to be killed
+_PARENT = """
+import asyncio, sys, time
+from rnnserve.service.codec.threads import CodecPool
+from rnnserve.service.http import precise
+from rnnserve.service.http.validation import SmoothRequest
+from tests.unit.http.test_precise_reader import _escaped_body
+
+reader = precise.PreciseReader()
+asyncio.run(reader.read(_escaped_body(20_000), SmoothRequest, "sequences", CodecPool(0, 0)))
+print(*reader._pool._processes, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_child_dies_with_its_parent_however_that_ends() -> None:
+    """kill -9 of the serving process (an HTTP worker the supervisor restarts, or the server)
+    leaves no parser child behind: it holds both ends of its own queue, so nothing else would
+    tell it."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert _alive(child)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30  # bounded; the kernel signals it at once
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for whoever adopted it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

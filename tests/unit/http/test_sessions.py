@@ -36,6 +36,17 @@ def test_a_close_reason_is_json_that_fits_a_close_frame() -> None:
     assert json.loads(short) == {"type": "idle_timeout", "detail": "nothing came within 1 s"}
 
 
+@pytest.mark.parametrize("char", ["x", "é", "€", "😀"])  # 1 to 4 bytes in UTF-8
+def test_a_close_reason_keeps_as_much_of_its_detail_as_fits(char: str) -> None:
+    reason = close_reason("unknown_model", "no model named '" + char * 100 + "'")
+    assert len(reason.encode()) <= 123
+    detail = json.loads(reason)["detail"]
+    assert detail.startswith("no model named '" + char)
+    assert detail.endswith("…")
+    one_more = reason.replace("…", char + "…")
+    assert len(one_more.encode()) > 123  # no room was left for another character
+
+
 @pytest.mark.parametrize(
     ("frame", "asks"),
     [
