@@ -70,6 +70,7 @@ KSERVE_INFER = Endpoint(
     summary="Open Inference Protocol: run a served model, named in the path",
 )
 KSERVE_MODEL = "/v2/models/{name}"
+KSERVE_PREFIX = "/v2"  # every path of the protocol, and its clients' errors' form, is under it
 KSERVE_MODEL_READY = "/v2/models/{name}/ready"
 
 # a streaming session (docs/SESSIONS.md): a WebSocket whose chunks go through the same runtime

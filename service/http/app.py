@@ -27,6 +27,7 @@ from rnnserve.service import tracing
 from rnnserve.service.codec import bodies
 from rnnserve.service.codec.threads import CodecPool
 from rnnserve.service.config import Settings, package_version
+from rnnserve.service.endpoints import KSERVE_PREFIX
 from rnnserve.service.http import openapi, precise
 from rnnserve.service.http.responses import error_response, json_response
 from rnnserve.service.http.routes import (
@@ -189,11 +190,20 @@ def _handle_errors(app: App) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers) if exc.headers else None
+        if _is_protocol_path(request.url.path):
+            # the protocol's form, which its clients read (tritonclient fails on another)
+            detail = f"{exc.detail}: not a path or method of this server's Open Inference Protocol"
+            return json_response({"error": detail}, exc.status_code, headers=headers)
         return json_response(
             {"detail": str(exc.detail), "type": "http_error", "loc": []},
             exc.status_code,
-            headers=dict(exc.headers) if exc.headers else None,
+            headers=headers,
         )
+
+
+def _is_protocol_path(path: str) -> bool:
+    return path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/")
 
 
 def _tracing(

@@ -184,6 +184,10 @@ def test_errors_come_in_the_protocols_form(server: Server) -> None:
         client.infer("smoother", [doubles])
     assert dtype.value.status() == "400"
     assert "FP32" in dtype.value.message()
+    with pytest.raises(InferenceServerException) as config:  # an extension not served
+        client.get_model_config("smoother")
+    assert config.value.status() == "404"
+    assert "not a path or method" in config.value.message()
     client.close()
 
 

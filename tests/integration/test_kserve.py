@@ -222,6 +222,19 @@ async def test_unknown_model_is_a_404_that_does_not_echo_a_long_name(
     _error(await client.get("/v2/models/nope/ready"), 404)
 
 
+async def test_paths_and_methods_the_protocol_lacks_answer_in_its_form(
+    client: httpx.AsyncClient,
+) -> None:
+    """Extensions not served (configuration, statistics, repository) and wrong methods: 404 and
+    405 as ``{"error": ...}``, which the protocol's clients read; other paths keep rnnserve's
+    own form."""
+    for path in ("/v2/models/smoother/config", "/v2/models/smoother/stats", "/v2/repository/index"):
+        assert "Not Found" in _error(await client.get(path), 404)
+    assert "Method Not Allowed" in _error(await client.get("/v2/models/smoother/infer"), 405)
+    native = await client.get("/nope")
+    assert (native.status_code, native.json()["type"]) == (404, "http_error")
+
+
 async def test_bad_binary_framing_is_a_400(client: httpx.AsyncClient) -> None:
     x = np.zeros((1, 2, 16), np.float32)
     doc = {"inputs": [{**_tensor(), "data": None, "parameters": {"binary_data_size": x.nbytes}}]}
