@@ -475,7 +475,7 @@ def _asks_state(frame: bytes) -> bool:
         doc = orjson.loads(frame)
     except orjson.JSONDecodeError:
         return False
-    return isinstance(doc, dict) and doc == {"get_state": True}
+    return isinstance(doc, dict) and len(doc) == 1 and doc.get("get_state") is True  # not 1
 
 
 def _runtime_error(exc: Exception) -> RequestError | None:

@@ -53,6 +53,8 @@ def test_a_close_reason_keeps_as_much_of_its_detail_as_fits(char: str) -> None:
         (b'{"get_state": true}', True),
         (b' { "get_state" : true } ', True),
         (b'{"get_state": false}', False),
+        (b'{"get_state": 1}', False),  # equal to True in Python, not JSON's true
+        (b'{"get_state": 1.0}', False),
         (b'{"get_state": true, "inputs": [[[1]]]}', False),
         (b'{"inputs": [[[1]]]}', False),
         (b'{"get_state": tru', False),
