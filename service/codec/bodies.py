@@ -4,8 +4,10 @@ A request's sequences arrive as one :class:`~rnnserve.service.interface.FlatSequ
 ``[sum T_i, F]`` float32 array and the lengths. No Python object is made per number.
 
 JSON (the default) has a fast path: a compiled scanner over the body bytes that accepts only
-the happy path, ``{"<field>": [[[num, ...], ...], ...], "model": "<plain string>" | null}`` in
-any key order with any JSON whitespace, one width F >= 1 for every step, every list non-empty.
+the happy path, ``{"<field>": [[[num, ...], ...], ...], "model": "<plain string>" | null,
+"return_state": true | false, "state": {...} | null}`` in any key order with any JSON
+whitespace, one width F >= 1 for every step, every list non-empty. A ``state`` object is only
+delimited (:attr:`Decoded.state_span`): the HTTP layer reads it alone, precisely.
 Numbers are parsed to float64 exactly as Python's ``float()`` does (the digits after the
 point read eight at a time, where they end found without a branch per digit; Clinger's fast
 path, then Eisel-Lemire; numbers of more than 19 significant digits go through ``float()``
