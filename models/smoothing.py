@@ -141,10 +141,28 @@ class LinearRecursion(nn.Module):
         """
         if data.ndim != 2 or data.shape[1] != self.feat_dim:
             raise ValueError(f"expected rows of shape [N, {self.feat_dim}], got {data.shape}")
-        out, _, ok = smooth_flat_numba(data, lengths, self.alpha_smooth, self.wx)
+        return self.smooth_flat_with_state(data, lengths, None, None, finite)[0]
+
+    def smooth_flat_with_state(
+        self,
+        data: np.ndarray,
+        lengths: np.ndarray,
+        start: np.ndarray | None,
+        given: np.ndarray | None,
+        finite: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`smooth_flat` from a carried state, and each sequence's final state ``[B, F]``.
+
+        ``start`` (``[B, F]``): the state before each sequence's first step, where ``given``
+        (``[B]`` bool) says it has one; the others start with ``s_0 = x_0``, bit for bit as
+        :meth:`smooth_flat` runs them. ``None`` for both: none has one.
+        """
+        if data.ndim != 2 or data.shape[1] != self.feat_dim:
+            raise ValueError(f"expected rows of shape [N, {self.feat_dim}], got {data.shape}")
+        out, last, ok = smooth_flat_numba(data, lengths, self.alpha_smooth, self.wx, start, given)
         if finite is not None:
             finite[...] = ok
-        return out
+        return out, last
 
     def warm_up(self, max_steps: int) -> int:
         """Compile, now, every Triton kernel variant that batches of up to ``max_steps`` steps

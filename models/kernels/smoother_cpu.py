@@ -572,12 +572,14 @@ def last_step_rows(batch_sizes: Tensor) -> Tensor:
 
 
 def _smooth_flat(
-    x: Any, lengths: Any, alpha: Any, wx: Any, out: Any, last: Any, finite: Any
-) -> None:
+    x: Any, lengths: Any, alpha: Any, wx: Any, start: Any, given: Any, out: Any, last: Any,
+    finite: Any,
+) -> None:  # fmt: skip
     # x, out: [N, F], sequence j is the next lengths[j] rows; last: [B, F] final states;
-    # finite: [B], whether sequence j's inputs were all finite. x - x is 0 for a finite x and
-    # NaN otherwise, so a per-feature sum of it, kept beside the state, checks the inputs in
-    # the same pass at the cost of a subtract and an add per value.
+    # finite: [B], whether sequence j's inputs were all finite. start: [B, F], the state
+    # before sequence j where given[j] (given empty: none), else s_0 = x_0. x - x is 0 for a
+    # finite x and NaN otherwise, so a per-feature sum of it, kept beside the state, checks the
+    # inputs in the same pass at the cost of a subtract and an add per value.
     n_feat = x.shape[1]
     keep = alpha
     take = 1 - alpha
@@ -585,8 +587,9 @@ def _smooth_flat(
     bad = np.empty(n_feat, x.dtype)
     row = 0
     for j in range(lengths.shape[0]):
+        carried = given.shape[0] > 0 and given[j]
         for f in range(n_feat):
-            s[f] = x[row, f]
+            s[f] = keep[f] * start[j, f] + take[f] * x[row, f] if carried else x[row, f]
             bad[f] = x[row, f] - x[row, f]
             out[row, f] = fast_tanh(wx[f] * s[f])
         for r in range(row + 1, row + lengths[j]):
@@ -609,7 +612,12 @@ if _HAVE_NUMBA:
 
 
 def smooth_flat_numba(
-    data: np.ndarray, lengths: np.ndarray, alpha: Tensor, wx: Tensor
+    data: np.ndarray,
+    lengths: np.ndarray,
+    alpha: Tensor,
+    wx: Tensor,
+    start: np.ndarray | None = None,
+    given: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``tanh(wx * s)`` for sequences laid one after another; ``(y, final states, finite)``.
 
@@ -617,8 +625,11 @@ def smooth_flat_numba(
     checked in the same pass as the recursion, so a server need not read the rows twice.
 
     ``data``: ``[sum T_j, F]`` float32 or float64 (sequence ``j`` is the next ``lengths[j]``
-    rows), ``s_0 = x_0``. Equal to the packed kernels' result to rounding (float32 ``tanh`` is a
-    rational approximation, |error| < 4e-7), with no packing. Inference only.
+    rows), ``s_0 = x_0``; or, where ``given[j]``, ``s_0 = alpha * start[j] + (1 - alpha) *
+    x_0`` (``start``: ``[B, F]``, the state a sequence continues; the others' rows unread), so
+    a sequence without one gives the same bits whether or not others in its batch carry one.
+    Equal to the packed kernels' result to rounding (float32 ``tanh`` is a rational
+    approximation, |error| < 4e-7), with no packing. Inference only.
     """
     if not _HAVE_NUMBA:
         raise RuntimeError("numba is not installed")
@@ -629,8 +640,13 @@ def smooth_flat_numba(
     dtype = torch.float64 if x.dtype == np.float64 else torch.float32
     a = alpha.detach().to(dtype=dtype).contiguous().numpy()
     w = wx.detach().to(dtype=dtype).contiguous().numpy()
+    if given is None:
+        start, given = np.empty((0, x.shape[1]), x.dtype), np.empty(0, np.bool_)
+    elif start is None or start.shape != (len(n), x.shape[1]) or given.shape != (len(n),):
+        raise ValueError(f"need a start [B, F] and given [B] for {len(n)} sequences")
+    start = np.ascontiguousarray(start, dtype=x.dtype)
     out = np.empty_like(x)
     last = np.empty((len(n), x.shape[1]), x.dtype)
     finite = np.empty(len(n), np.bool_)
-    _smooth_flat_compiled(x, n, a, w, out, last, finite)
+    _smooth_flat_compiled(x, n, a, w, start, given, out, last, finite)
     return out, last, finite

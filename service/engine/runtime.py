@@ -167,6 +167,21 @@ def _batch_start(
     }
 
 
+def _smoother_start(items: Sequence[Item], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The smoother's batch start for its flat kernel: each sequence's carried ``s`` (``[B,
+    F]``) and whether it has one (the others start from their first step, in the kernel)."""
+    n = sum(len(item) for item in items)
+    start = np.zeros((n, width), np.float32)
+    given = np.zeros(n, np.bool_)
+    row = 0
+    for item in items:
+        if item.state is not None:
+            start[row : row + len(item)] = item.state.tensors["s"]
+            given[row : row + len(item)] = True
+        row += len(item)
+    return start, given
+
+
 def _refuse_another_width(served: ServedModel, sequences: Item) -> None:
     """Raise :class:`ModelChanged` for rows of another width than the model takes: the HTTP
     layer checked them against the version a reload has replaced since (the model itself would
@@ -751,7 +766,21 @@ class ModelRuntime:
         lengths = np.concatenate([item.lengths for item in items])
         finite: np.ndarray | None = None
         final: dict[str, np.ndarray] | None = None
-        if _stateful(items):
+        if self._checks_finite(module):
+            assert isinstance(module, LinearRecursion)
+            # the recursion is per sequence: run it on the requests' own rows, no packing, and
+            # check them for NaN and infinity in the same pass (a bad row spoils only its own
+            # sequence's outputs, which are then not sent); a carried state in the same pass,
+            # so that a sequence's answer is the same bits whether or not it asks for its state
+            data = items[0].data if len(items) == 1 else np.concatenate([i.data for i in items])
+            finite = np.empty(len(lengths), np.bool_)
+            if _stateful(items):
+                rows, given = _smoother_start(items, module.feat_dim)
+                flat, last = module.smooth_flat_with_state(data, lengths, rows, given, finite)
+                final = {"s": last.astype(np.float32, copy=False)}
+            else:
+                flat = module.smooth_flat(data, lengths, finite)
+        elif _stateful(items):
             layout = plan(lengths)
             with torch.inference_mode():
                 packed = pack_flat([item.data for item in items], lengths, self.device, layout)
@@ -759,16 +788,6 @@ class ModelRuntime:
                 out, end = run_with_state(module, packed, start)
                 flat = unpack_flat(out.cpu(), lengths, layout).numpy()
                 final = {part: t.float().cpu().numpy() for part, t in end.items()}
-            if self._checks_finite(module):  # its checking pass did not run: check each sequence
-                finite = _finite_sequences([item.data for item in items], lengths)
-        elif self._checks_finite(module):
-            assert isinstance(module, LinearRecursion)
-            # the recursion is per sequence: run it on the requests' own rows, no packing, and
-            # check them for NaN and infinity in the same pass (a bad row spoils only its own
-            # sequence's outputs, which are then not sent)
-            data = items[0].data if len(items) == 1 else np.concatenate([i.data for i in items])
-            finite = np.empty(len(lengths), np.bool_)
-            flat = module.smooth_flat(data, lengths, finite)
         else:
             layout = plan(lengths)
             with torch.inference_mode():
@@ -804,13 +823,6 @@ def _check_state(served: ServedModel, sequences: Item) -> None:
             f"the state was made by model '{quote(state.model)}' version "
             f"'{quote(state.version)}'; '{served.name}' is version '{served.version}' now"
         )
-
-
-def _finite_sequences(chunks: list[np.ndarray], lengths: np.ndarray) -> np.ndarray:
-    """``[B]`` bool: whether each sequence's rows are all finite."""
-    rows = np.concatenate([np.isfinite(c).all(axis=1) for c in chunks])
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    return np.logical_and.reduceat(rows, starts) if len(rows) else np.ones(0, np.bool_)
 
 
 def _rollout_start(item: Item) -> RolloutState:

@@ -175,6 +175,26 @@ async def test_a_stateless_answer_is_unchanged(app_client: AppClient, model_dir:
             assert_close([np.asarray(y, np.float32) for y in plain[out_field]], ys)
 
 
+async def test_asking_for_the_state_leaves_the_smoothers_answer_bit_for_bit(
+    app_client: AppClient, model_dir: Path
+) -> None:
+    """On the CPU the smoother runs a batch with states in the same pass as one without: a
+    sequence's outputs are the same bits whether it asks for its state, carries one beside
+    others, or neither; and a carried state continues it exactly as the whole stream."""
+    rng = np.random.default_rng(11)
+    xs = random_streams(rng, "smoother", 3)
+    body = {"sequences": [x.tolist() for x in xs]}
+    async with app_client(model_dir=model_dir) as (_, client):
+        plain = (await client.post("/smooth", json=body)).json()["sequences"]
+        asked = (await client.post("/smooth", json={**body, "return_state": True})).json()
+        assert asked["sequences"] == plain
+        head, state = await send(client.post, "smoother", [x[:4] for x in xs], None, False)
+        rest, _ = await send(client.post, "smoother", [x[4:] for x in xs], state, False)
+    for j, whole in enumerate(plain):
+        np.testing.assert_array_equal(head[j], np.asarray(whole, np.float32)[:4])
+        np.testing.assert_allclose(rest[j], np.asarray(whole, np.float32)[4:], atol=1e-6)
+
+
 async def test_a_body_larger_than_the_precise_readers_room_carries_its_state(
     app_client: AppClient, model_dir: Path
 ) -> None:

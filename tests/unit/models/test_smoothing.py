@@ -222,6 +222,36 @@ def test_smooth_flat_says_which_sequences_held_a_non_finite_value(dtype: type) -
     assert finite.tolist() == [True, False]
 
 
+def test_smooth_flat_from_a_state_continues_it_and_leaves_the_others_bit_for_bit() -> None:
+    """Sequences with a carried state start from it (float64 loop); those without give the
+    bits they give alone, and every final state is the last step's."""
+    model = make_model(6, 5)
+    alpha, wx = (p.astype(np.float64) for p in params(model))
+    rng = np.random.default_rng(6)
+    lengths = [4, 1, 7, 3]
+    seqs = [rng.standard_normal((n, 6)).astype(np.float32) for n in lengths]
+    data, n = np.concatenate(seqs), np.array(lengths)
+    start = rng.standard_normal((4, 6)).astype(np.float32)
+    given = np.array([True, False, True, False])
+    out, last = model.smooth_flat_with_state(data, n, start, given)
+    alone = model.smooth_flat(data, n)
+    row = 0
+    for j, x in enumerate(seqs):
+        rows = slice(row, row + len(x))
+        s = alpha * start[j] + (1 - alpha) * x[0] if given[j] else x[0].astype(np.float64)
+        states = [s]
+        for t in range(1, len(x)):
+            s = alpha * s + (1 - alpha) * x[t]
+            states.append(s)
+        np.testing.assert_allclose(out[rows], np.tanh(wx * np.stack(states)), atol=2e-6, rtol=0)
+        np.testing.assert_allclose(last[j], s, atol=2e-6, rtol=0)
+        if not given[j]:
+            np.testing.assert_array_equal(out[rows], alone[rows])
+        row += len(x)
+    with pytest.raises(ValueError, match="start"):
+        model.smooth_flat_with_state(data, n, start[:3], given[:3])
+
+
 def test_smooth_flat_refuses_rows_that_do_not_fit() -> None:
     model = make_model(4)
     with pytest.raises(ValueError, match=r"\[N, 4\]"):
