@@ -339,17 +339,23 @@ class AsyncSession:
         self, url: str, headers: dict[str, str], state: dict[str, Any] | None, timeout: float | None
     ) -> None:
         self.url = url
-        self._opener = websocket_client.connect(
-            url, additional_headers=headers, open_timeout=timeout, max_size=None
-        )
+        self._headers, self._timeout = headers, timeout
+        self._opener: Any = None  # the connection is opened on entry, not before
         self._ws: websocket_client.ClientConnection | None = None
         self._state = state  # sent with the first chunk, until one is answered
+        # an exchange was interrupted (cancelled, a timeout around it) before its answer came:
+        # that answer would be read as the next one's, so the session cannot go on
+        self._interrupted = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
     async def __aenter__(self) -> AsyncSession:
         try:
+            self._opener = websocket_client.connect(
+                self.url, additional_headers=self._headers, open_timeout=self._timeout,
+                max_size=None,
+            )  # fmt: skip
             self._ws = await self._opener.__aenter__()
         except (OSError, TimeoutError) as exc:
             raise ConnectionFailed(f"cannot open a session at {self.url}: {exc}") from None
@@ -389,8 +395,16 @@ class AsyncSession:
     async def _exchange(self, message: str) -> str | bytes:
         if self._ws is None:
             raise RuntimeError("the session is not open: use it as a context manager")
+        if self._interrupted:
+            raise ConnectionFailed(
+                "an earlier call on this session was interrupted before its answer came; its "
+                "answer would be taken for this one's: open a new session"
+            )
+        self._interrupted = True  # until the answer is read
         try:
             await self._ws.send(message)
-            return await self._ws.recv()
+            answer = await self._ws.recv()
         except ConnectionClosed as exc:
             raise session_closed(exc) from None
+        self._interrupted = False
+        return answer

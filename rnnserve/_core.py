@@ -436,13 +436,14 @@ class _Core:
         return len({a.shape[1] for a in batch.arrays}) == 1
 
     def falls_back(self, binary: bool, status: int) -> bool:
-        """After a binary request: whether to resend it as JSON (and remember to)."""
-        if not binary or self.binary != "auto" or self.binary_ok is not None:
+        """After a binary request: whether to resend it as JSON (and remember to). Every binary
+        request refused so falls back, also one sent before another's refusal was learnt."""
+        if not binary or self.binary != "auto":
             return False
         if status in FALLBACK_STATUSES:
             self.binary_ok = False
             return True
-        if status < 400:
+        if status < 400 and self.binary_ok is None:
             self.binary_ok = True
         return False
 
@@ -525,7 +526,7 @@ GET_STATE = '{"get_state": true}'
 AsyncWebSockets = websockets.asyncio.client
 SyncWebSockets = websockets.sync.client
 # close codes that name no error: the session ended normally, or the server went away
-_PLAIN_CLOSES = frozenset({1000, 1001, 1012})
+_PLAIN_CLOSES = frozenset({1000, 1001, 1012, 4408})  # 4408: idle for session_idle_timeout_s
 # close codes of the protocol, as the HTTP status of the same refusal
 _CLOSE_STATUSES = {1008: 401, 1009: 413, 1013: 503}
 

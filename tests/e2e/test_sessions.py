@@ -441,6 +441,36 @@ async def test_the_async_clients_session_answers_as_the_whole(
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), whole, atol=TOLERANCE, rtol=0)
 
 
+async def test_a_clients_session_interrupted_before_its_answer_cannot_go_on(
+    servers: tuple[Server, Server],
+) -> None:
+    """A send cancelled after its chunk went out (a timeout around it) leaves that chunk's
+    answer on the way: the next send must not take it for its own."""
+    import asyncio
+
+    from rnnserve.client import AsyncClient, ConnectionFailed
+
+    server = servers[0]
+    width = input_dim(server, "traveller")
+    long = np.zeros((50_000, width), np.float32)  # a rollout of a good part of a second
+    async with AsyncClient(server.url) as rnn, rnn.session("traveller") as session:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(session.send(long), 0.05)
+        with pytest.raises(ConnectionFailed, match="interrupted"):
+            await session.send(np.ones((3, width), np.float32))
+
+
+def test_a_clients_session_closed_for_idling_raises_connection_failed(limited: Server) -> None:
+    from rnnserve.client import Client, ConnectionFailed
+
+    x = np.zeros((2, input_dim(limited, "traveller", TOKEN)), np.float32)
+    with Client(limited.url, headers=authed()) as rnn, rnn.session("traveller") as session:
+        session.send(x)
+        time.sleep(2.5)  # past the server's 1 s session_idle_timeout_s
+        with pytest.raises(ConnectionFailed):
+            session.send(x)
+
+
 def test_the_clients_session_raises_what_the_close_code_says(limited: Server) -> None:
     from rnnserve.client import BadRequest, Client, Overloaded
 

@@ -402,6 +402,44 @@ def test_auto_falls_back_to_json_once_and_remembers() -> None:
         mock(handler, binary="always").smooth(np.zeros((2, 16)))
 
 
+async def test_concurrent_first_calls_all_fall_back_to_json() -> None:
+    """Calls gathered before any answer all go binary; each 415 falls back, not only the
+    first one learnt."""
+    seen: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["content-type"])
+        await asyncio.sleep(0.01)  # every call is sent before the first answer
+        if request.headers["content-type"] == SAFETENSORS:
+            return httpx.Response(415, json={"detail": "JSON only", "type": "unsupported"})
+        return ok_smooth()
+
+    async with AsyncClient(URL, transport=httpx.MockTransport(handler)) as c:
+        outs = await asyncio.gather(*(c.smooth(np.zeros((2, 16))) for _ in range(5)))
+        assert seen == [SAFETENSORS] * 5 + ["application/json"] * 5
+        await c.smooth(np.zeros((2, 16)))
+    assert seen[-1] == "application/json"  # and remembered
+    assert all((out == np.float32(0.5)).all() for out in outs)
+
+
+def test_a_session_that_cannot_open_raises_connection_failed_on_entry(silent_server: str) -> None:
+    """Made, it opens nothing; entered with nothing listening, or where no session is served,
+    it raises the client's ConnectionFailed, not the WebSocket library's error."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{free.getsockname()[1]}"
+    with Client(nobody, timeout=2.0) as c:
+        session = c.session("traveller")  # not entered: nothing is opened
+        with pytest.raises(ConnectionFailed, match="cannot open a session"), session:
+            pass
+    with (
+        Client(silent_server, timeout=0.3) as c,
+        pytest.raises(ConnectionFailed),
+        c.session("traveller"),
+    ):
+        pass
+
+
 def test_deadline_covers_the_retries() -> None:
     handler, seen = scripted(busy("0.2"))
     started = time.monotonic()
