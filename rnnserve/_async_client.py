@@ -235,7 +235,9 @@ class AsyncClient:
                 method, path, content=body, headers=sent, timeout=timeout
             )
             try:
-                response = await self._http.send(request, stream=stream)
+                response = await self._http.send(request, stream=True)
+                if not stream:
+                    response = await _read_within(response, attempt.deadline)
             except httpx.TransportError as exc:
                 await sleep_async(self._core.transport_error(attempt, exc))
                 continue
@@ -252,6 +254,27 @@ class AsyncClient:
             await response.aread()
             await response.aclose()
             raise _error_from(response.status_code, response.content, response.headers)
+
+
+async def _read_within(response: httpx.Response, deadline: _Deadline) -> httpx.Response:
+    """``response`` read whole, its deadline checked as each piece arrives: httpx's timeout
+    bounds each read, not their sum, so an answer sent a few bytes at a time would outlast it."""
+    if response.is_stream_consumed:  # a transport that hands its answers over read
+        return response
+    pieces = []
+    try:
+        async for piece in response.aiter_raw():
+            pieces.append(piece)
+            deadline.check("the answer did not arrive whole")
+    finally:
+        await response.aclose()
+    # the raw bytes, decoded by the new response as the old one would have (Content-Encoding)
+    return httpx.Response(
+        response.status_code,
+        headers=response.headers,
+        content=b"".join(pieces),
+        request=response.request,
+    )
 
 
 class AsyncRolloutStream:

@@ -237,7 +237,9 @@ class Client:
                 method, path, content=body, headers=sent, timeout=timeout
             )
             try:
-                response = self._http.send(request, stream=stream)
+                response = self._http.send(request, stream=True)
+                if not stream:
+                    response = _read_within(response, attempt.deadline)
             except httpx.TransportError as exc:
                 sleep(self._core.transport_error(attempt, exc))
                 continue
@@ -254,6 +256,27 @@ class Client:
             response.read()
             response.close()
             raise _error_from(response.status_code, response.content, response.headers)
+
+
+def _read_within(response: httpx.Response, deadline: _Deadline) -> httpx.Response:
+    """``response`` read whole, its deadline checked as each piece arrives: httpx's timeout
+    bounds each read, not their sum, so an answer sent a few bytes at a time would outlast it."""
+    if response.is_stream_consumed:  # a transport that hands its answers over read
+        return response
+    pieces = []
+    try:
+        for piece in response.iter_raw():
+            pieces.append(piece)
+            deadline.check("the answer did not arrive whole")
+    finally:
+        response.close()
+    # the raw bytes, decoded by the new response as the old one would have (Content-Encoding)
+    return httpx.Response(
+        response.status_code,
+        headers=response.headers,
+        content=b"".join(pieces),
+        request=response.request,
+    )
 
 
 class RolloutStream:

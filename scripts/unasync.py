@@ -32,6 +32,7 @@ RENAMES = {
     "aclose": "close",
     "aread": "read",
     "aiter_lines": "iter_lines",
+    "aiter_raw": "iter_raw",
     "anext": "next",
     "sleep_async": "sleep",
 }

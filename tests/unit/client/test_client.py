@@ -506,6 +506,50 @@ def silent_server() -> Iterator[str]:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
+@pytest.fixture
+def dripping_server() -> Iterator[str]:
+    """A server that answers 200 at once, then its body a byte every 50 ms (~6 s in all)."""
+    body = orjson.dumps({"model": "smoother", "sequences": [[[0.5] * 16] * 2]})
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    stop = threading.Event()
+
+    def serve(sock: socket.socket) -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(1 << 20)  # the request (small: one read)
+                conn.sendall(head % len(body))
+                for byte in body:
+                    if stop.wait(0.05):
+                        return
+                    try:
+                        conn.sendall(bytes([byte]))
+                    except OSError:  # the client gave up: what the test wants
+                        break
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        thread = threading.Thread(target=serve, args=(sock,), daemon=True)
+        thread.start()
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        stop.set()
+    thread.join(timeout=5)
+
+
+async def test_the_deadline_bounds_an_answer_sent_a_byte_at_a_time(dripping_server: str) -> None:
+    """httpx's timeout bounds each read; the call's deadline bounds them all (each byte comes
+    well within the timeout, the whole body long after it)."""
+    with Client(dripping_server, timeout=0.5, binary="never") as c, pytest.raises(DeadlineExceeded):
+        c.smooth(np.zeros((2, 16)))
+    async with AsyncClient(dripping_server, timeout=0.5, binary="never") as ac:
+        with pytest.raises(DeadlineExceeded):
+            await ac.smooth(np.zeros((2, 16)))
+
+
 def test_deadline_when_the_server_never_answers(silent_server: str) -> None:
     started = time.monotonic()
     with Client(silent_server, timeout=0.3) as c, pytest.raises(DeadlineExceeded):
