@@ -13,9 +13,9 @@ server's own warm-up before ``/readyz`` turns 200 (Triton needs the GPU it compi
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 
+from rnnserve.service.codec import bodies
 from rnnserve.service.config import Settings
 from rnnserve.service.engine.runtime import ModelRuntime
 
@@ -31,8 +31,9 @@ async def warm() -> list[str]:
 
 def main() -> None:
     started = time.perf_counter()
-    # The request decoder's numba kernels compile at import (cached to NUMBA_CACHE_DIR).
-    importlib.import_module("rnnserve.service.http.routes")
+    # the JSON reader's and writer's numba kernels compile on first use, cached to
+    # NUMBA_CACHE_DIR: used here as the server's start-up uses them
+    bodies.warm_up()
     names = asyncio.run(warm())
     print(f"warmed {', '.join(names)} in {time.perf_counter() - started:.1f} s")
 
