@@ -1163,6 +1163,7 @@ def test_installed_copy_runs_the_images_warmup(installed: Installed, tmp_path: P
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "warmed smoother, traveller" in proc.stdout
+
     def kernels(module: str) -> set[str]:  # "bodies._scan-462.py311.nbi" -> "_scan"
         return {p.name.split(".")[1].split("-")[0] for p in cache.rglob(f"{module}.*.nbi")}
 

@@ -84,6 +84,18 @@ def test_promtool_checks_the_rules() -> None:
     assert promtool("check", "rules", "--lint=all", "--lint-fatal", RULES.name)
 
 
+def test_the_overload_rule_counts_every_503_of_the_error_catalogue() -> None:
+    """The overload alert's reasons are the catalogue's 503 types, no more, no fewer: a 503
+    type added to the service without it would shed load unnoticed."""
+    from rnnserve.service.http import errors
+
+    (rule,) = [r for r in rules() if r.get("record") == "rnnserve:overload_rejections:ratio_rate5m"]
+    (listed,) = re.findall(r'reason=~"([a-z_|]+)"', rule["expr"])
+    assert set(listed.split("|")) == set(errors.types_of(503))
+    (failing,) = [r for r in rules() if r.get("record") == "rnnserve:request_errors:ratio_rate5m"]
+    assert 'code!~"503|504"' in failing["expr"]  # shed load and passed deadlines are no fault
+
+
 def with_token_file(config: dict[str, Any], token_file: Path) -> dict[str, Any]:
     """The config with every job's ``authorization.credentials_file`` at ``token_file``: the
     committed path is a compose secret, present only inside the container."""
