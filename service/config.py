@@ -58,6 +58,9 @@ class Settings(BaseSettings):
         cli_hide_none_type=True,
         extra="forbid",
         frozen=True,
+        # no setting means anything by infinity (0 says "none" where none is allowed), and
+        # an infinite one failed late (drain_timeout_s=inf: after the models had loaded)
+        allow_inf_nan=False,
     )
 
     host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 to accept remote clients.")

@@ -104,3 +104,16 @@ def test_settings_are_checked() -> None:
         Settings(max_delay_ms=-1)
     with pytest.raises(ValueError, match="unknown_setting"):
         Settings(unknown_setting=1)  # type: ignore[call-arg]
+
+
+@pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize("name", ["drain_timeout_s", "max_delay_ms", "request_timeout_s"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_no_setting_takes_infinity_or_nan(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    """Refused with the setting's name when read, not when used (drain_timeout_s=inf failed
+    once the models had loaded)."""
+    monkeypatch.setenv(f"RNNSERVE_{name.upper()}", value)
+    with pytest.raises(ValueError, match=f"{name}[\\s\\S]*finite number"):
+        Settings()
