@@ -576,7 +576,17 @@ def parse_args(argv: Sequence[str] | None, prog: str = PROG) -> argparse.Namespa
         parser.error("--lr must be a positive number")
     if not _NAME.fullmatch(args.name):
         parser.error("--name: up to 128 letters, digits, '_', '.' or '-', a letter or digit first")
+    if not 0 <= args.seed < 2**63:
+        parser.error("--seed must be from 0 to 2**63 - 1")
     return args
+
+
+def diverged(model: torch.nn.Module) -> str | None:
+    """Why ``model`` must not be written (a weight that is NaN or infinite), or None."""
+    for name, value in model.state_dict().items():
+        if not torch.isfinite(value).all():
+            return f"training diverged: {name} is not finite (NaN or infinity); lower --lr"
+    return None
 
 
 def main_smoother(args: argparse.Namespace) -> int:
@@ -585,6 +595,10 @@ def main_smoother(args: argparse.Namespace) -> int:
         args.features, args.steps, args.batch, args.length, args.lr, args.seed, args.quiet
     )
     path = args.out / f"{args.name}.safetensors"
+    why = diverged(result.model)
+    if why is not None:
+        print(f"{path} not written: {why}")
+        return 1
     write_model(result.model, path)
     probe, _ = sequences(channels, [7, 1, 30], torch.Generator().manual_seed(args.seed + 1))
     worst = check_loaded(result.model, args.name, args.out, probe)
@@ -618,6 +632,10 @@ def main_traveller(args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(threads)
     path = args.out / f"{args.name}.safetensors"
+    why = diverged(result.model)
+    if why is not None:
+        print(f"{path} not written: {why}")
+        return 1
     write_model(result.model, path)
     probe = commands(torch.Generator().manual_seed(args.seed + 1), [7, 1, 30])
     worst = check_loaded_traveller(result.model, args.name, args.out, probe)
@@ -646,7 +664,12 @@ def main_traveller(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     args = parse_args(argv, prog)
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:  # before training, not after it: the folder must be there and writable
+        args.out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.out).close()
+    except OSError as exc:
+        print(f"{prog}: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     if args.kind == "smoother":
         return main_smoother(args)
     return main_traveller(args)

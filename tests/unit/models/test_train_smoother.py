@@ -81,6 +81,7 @@ def test_the_same_seed_writes_the_same_weights(tmp_path: Path) -> None:
         ("--steps", "0", "--steps must be at least 1"),
         ("--lr", "nan", "--lr must be a positive number"),
         ("--name", "../smoother", "--name: up to 128 letters"),
+        ("--seed", str(10**23), "--seed must be from 0 to 2**63 - 1"),
     ],
 )
 def test_bad_arguments_are_refused_with_what_to_change(
@@ -91,6 +92,31 @@ def test_bad_arguments_are_refused_with_what_to_change(
     assert info.value.code == 2
     assert words in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_training_that_diverges_writes_nothing_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A step size that blows the weights up to NaN: no model a server would load and answer
+    null with, and a non-zero exit."""
+    out = tmp_path / "m"
+    args = ["smoother", "--out", str(out), "--features", "3", "--steps", "20", "--batch", "4"]
+    assert train.main([*args, "--length", "16", "--lr", "1e30", "--quiet"]) == 1
+    assert "training diverged" in capsys.readouterr().out
+    assert not list(out.iterdir())
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_out_folder_that_cannot_be_written_fails_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = blocker if where == "a file" else blocker / "m"
+    assert train.main(["smoother", "--out", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}:" in err
+    assert "Traceback" not in err
 
 
 def test_the_synthetic_channels_have_their_own_dynamics_and_noise() -> None:
