@@ -503,9 +503,11 @@ def _factory(path: str) -> nn.Module:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
+        made = obj if isinstance(obj, nn.Module) else obj()
     except (ImportError, AttributeError) as exc:
         raise ExportError(f"--factory {path}: {_line(exc)}") from exc
-    made = obj if isinstance(obj, nn.Module) else obj()
+    except Exception as exc:  # the user's module or factory raised (a SyntaxError too)
+        raise ExportError(f"--factory {path} raised {type(exc).__name__}: {_line(exc)}") from exc
     if not isinstance(made, nn.Module):
         raise ExportError(f"--factory {path}: returned a {type(made).__name__}, not an nn.Module")
     return made
@@ -576,12 +578,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error("--torchscript needs --factory (and --checkpoint to load its weights)")
         if args.activation is not None:
             p.error("--activation is for the recurrent kind; a TorchScript module applies its own")
+        _writable_out_dir(p, args.out_dir)
         return _main_torchscript(args)
     if args.activation is None:
         p.error(
             "--activation is required (the weights do not hold it): one of "
             + ", ".join(ACTIVATIONS)
         )
+    _writable_out_dir(p, args.out_dir)
     given = {
         "cell": args.cell,
         "input_size": args.input_size,
@@ -609,6 +613,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"answers like yours to {worst:.2g} (tolerance {args.tolerance:g})"
     )
     return 0
+
+
+def _writable_out_dir(parser: argparse.ArgumentParser, out_dir: Path) -> None:
+    """Make ``out_dir`` and write in it, before anything is loaded or checked; a usage error
+    (one line, exit 2) if it cannot be."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out_dir).close()
+    except OSError as exc:
+        parser.error(f"--out-dir {out_dir}: {exc.strerror or exc}")
 
 
 def _user_module(args: argparse.Namespace) -> nn.Module:

@@ -302,3 +302,44 @@ def test_the_command_ignores_the_users_own_models_package(tmp_path: Path) -> Non
         assert done.stdout.startswith("wrote served/"), done.stdout
     assert not (tmp_path / "models" / "IMPORTED").exists()
     assert models.available(tmp_path / "served") == ["enc", "mine"]
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_out_dir_that_cannot_be_written_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    torch.save(GRUEncoder(3, 8, 2).state_dict(), tmp_path / "enc.pt")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = blocker if where == "a file" else blocker / "m"
+    with pytest.raises(SystemExit) as done:
+        export.main(["--checkpoint", str(tmp_path / "enc.pt"), "--name", "e",
+                     "--activation", "tanh", "--out-dir", str(out)])  # fmt: skip
+    assert done.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith(f"rnnserve export: error: --out-dir {out}: ")
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [("def make(:\n", "raised SyntaxError"), ("def make():\n    raise ValueError('boom')\n",
+                                              "raised ValueError: boom")],
+)  # fmt: skip
+def test_a_factory_that_raises_is_refused_in_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    source: str,
+    said: str,
+) -> None:
+    (tmp_path / "users_factory.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run(capsys, "--factory", "users_factory:make", "--name", "e",
+                       "--activation", "tanh", "--out-dir", str(tmp_path / "m"))  # fmt: skip
+    assert code == 2
+    assert said in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
