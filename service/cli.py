@@ -171,6 +171,8 @@ def parse_settings(args: Sequence[str]) -> Settings:
     parser = argparse.ArgumentParser(
         prog="rnnserve",
         description=inspect.cleandoc(Settings.__doc__ or ""),
+        epilog="commands (rnnserve COMMAND --help):\n"
+        + "\n".join(f"  {name:<10}{what}" for name, what in COMMANDS.items()),
         formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"rnnserve {package_version()}")

@@ -1268,3 +1268,11 @@ def test_installed_copy_runs_the_cli_and_serves(installed: Installed) -> None:
         server.send_signal(signal.SIGTERM)
         code = server.wait(timeout=60)
     assert code in (0, -signal.SIGTERM), log.read_text()
+
+
+def test_compose_publishes_prometheus_on_loopback_only(compose: dict[str, Any]) -> None:
+    """Prometheus has no login and holds the metrics the token guards: this host only, and no
+    HTTP lifecycle API (anyone reaching it could stop it)."""
+    prometheus = compose["services"]["prometheus"]
+    assert prometheus["ports"] == ["127.0.0.1:9090:9090"]
+    assert not any("enable-lifecycle" in arg for arg in prometheus["command"])

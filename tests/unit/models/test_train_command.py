@@ -33,6 +33,16 @@ def test_train_is_a_subcommand() -> None:
     assert "train" in cli.COMMANDS
 
 
+def test_the_servers_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.parse_settings(["--help"])
+    text = capsys.readouterr().out
+    listed = text.split("commands (rnnserve COMMAND --help):", 1)[1]
+    for name, what in cli.COMMANDS.items():
+        assert f"{name}" in listed
+        assert what in listed
+
+
 async def test_both_kinds_train_into_a_folder_the_server_serves(tmp_path: Path) -> None:
     out = tmp_path / "trained"
     assert train("smoother", "--out", str(out), *SMOOTHER) == 0
