@@ -29,6 +29,10 @@ DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
 # The panels' selector: the chosen job(s) and replica(s).
 SEL = 'job=~"$job", instance=~"$instance"'
+# the series the job and instance lists come from: one without labels, so every replica
+# exports it from its start (a labelled one appears only once its label is used: an idle
+# replica would be missing, and a fresh deployment's lists empty)
+ALWAYS_EXPORTED = "rnnserve_request_bytes_in_flight"
 DCGM_SEL = 'job=~"$dcgm_job"'
 
 
@@ -98,8 +102,8 @@ def variables() -> list[db.DatasourceVariable | db.QueryVariable]:
 
     return [
         db.DatasourceVariable("datasource").label("Data source").type("prometheus"),
-        label_values("job", "job", "rnnserve_requests_in_flight"),
-        label_values("instance", "instance", "rnnserve_requests_in_flight", '{job=~"$job"}'),
+        label_values("job", "job", ALWAYS_EXPORTED),
+        label_values("instance", "instance", ALWAYS_EXPORTED, '{job=~"$job"}'),
         label_values("dcgm_job", "job", "DCGM_FI_DEV_FB_USED").hide(dm.VariableHide.HIDE_VARIABLE),
     ]
 

@@ -1276,3 +1276,16 @@ def test_compose_publishes_prometheus_on_loopback_only(compose: dict[str, Any]) 
     prometheus = compose["services"]["prometheus"]
     assert prometheus["ports"] == ["127.0.0.1:9090:9090"]
     assert not any("enable-lifecycle" in arg for arg in prometheus["command"])
+
+
+def test_the_dashboards_replica_lists_come_from_a_series_every_replica_exports_at_once() -> None:
+    """A fresh server, before any request, exports the series the job and instance variables
+    list: a deployment's dashboard is never empty, nor an idle replica missing from it."""
+    from rnnserve.service.metrics import Metrics
+
+    variables = json.loads(DASHBOARD_JSON.read_text())["templating"]["list"]
+    queries = {v["name"]: v["query"] for v in variables if v["name"] in ("job", "instance")}
+    fresh = Metrics().exposition().decode()
+    for name, query in queries.items():
+        (series,) = re.findall(r"label_values\(([a-z_:]+)", str(query))
+        assert re.search(rf"^{series} ", fresh, re.MULTILINE), (name, series)
