@@ -269,13 +269,14 @@ def _decode_safetensors(body: bytes, field: str) -> list[np.ndarray]:
             arr = np.frombuffer(body, dtype=dtype, count=(end - start) // item, offset=base + start)
             return arr.reshape(shape)
 
-        data = tensor(field, "<f4", 2).copy()  # writable, and free of the body's buffer
+        data = tensor(field, "<f4", 2)  # a view of the body
         lengths = tensor("lengths", "<i8", 1)
         if lengths.sum() != data.shape[0] or (lengths < 0).any():
             raise ValueError("lengths do not add up to the rows")
     except (struct.error, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"unreadable safetensors answer: {exc}") from None
-    return list(np.split(data, np.cumsum(lengths)[:-1]))
+    # each its own copy: writable, and holding neither the body nor the other sequences
+    return [part.copy() for part in np.split(data, np.cumsum(lengths)[:-1])]
 
 
 def _decode_json(body: bytes, field: str) -> list[np.ndarray]:

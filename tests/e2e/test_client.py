@@ -132,6 +132,8 @@ def test_binary_and_json_give_identical_answers(server: Server) -> None:
             assert c._core.binary_ok is (mode != "never")  # the real server took the binary format
     same(answers["never"], answers["always"])
     same(answers["auto"], answers["always"])
+    for answer in answers.values():  # as CLIENT.md says: writable arrays that own their memory
+        assert all(a.flags.owndata and a.flags.writeable for a in answer)
 
 
 def test_streamed_chunks_reassemble_into_the_whole_rollout(client: Client) -> None:
