@@ -5,6 +5,7 @@ from it) does the I/O; :mod:`rnnserve.client` is the public face.
 
 from __future__ import annotations
 
+import math
 import random
 import struct
 import sys
@@ -356,6 +357,10 @@ Timeout = float | None | _UseDefault
 
 class _Deadline:
     def __init__(self, seconds: float | None) -> None:
+        if seconds is not None and math.isnan(seconds):
+            raise ValueError("timeout must be a number of seconds or None, not NaN")
+        if seconds == math.inf:  # as None: no deadline (a socket cannot wait for ever by number)
+            seconds = None
         self.seconds = seconds
         self.at = None if seconds is None else time.monotonic() + seconds
 

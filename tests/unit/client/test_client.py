@@ -440,6 +440,20 @@ def test_a_session_that_cannot_open_raises_connection_failed_on_entry(silent_ser
         pass
 
 
+def test_an_infinite_timeout_is_no_deadline_and_nan_is_refused() -> None:
+    seen: list[dict[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(dict(request.headers))
+        return ok_smooth()
+
+    out = mock(handler, timeout=float("inf")).smooth(np.zeros((2, 16)))
+    assert (out == np.float32(0.5)).all()
+    assert "x-request-timeout" not in seen[0]  # as with timeout=None
+    with pytest.raises(ValueError, match="NaN"):
+        mock(handler).smooth(np.zeros((2, 16)), timeout=float("nan"))
+
+
 def test_deadline_covers_the_retries() -> None:
     handler, seen = scripted(busy("0.2"))
     started = time.monotonic()
