@@ -23,7 +23,7 @@ import orjson
 import pytest
 import torch
 
-from rnnserve import models
+from rnnserve import _sync_client, models
 from rnnserve._core import _parse_retry_after
 from rnnserve.client import (
     AsyncClient,
@@ -310,12 +310,26 @@ def mock(handler: Handler, **options: Any) -> Client:
     return Client(URL, transport=httpx.MockTransport(handler), **options)
 
 
-def test_503_with_retry_after_is_retried_then_succeeds() -> None:
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The seconds the sync client waits between attempts (it still waits them)."""
+    asked: list[float] = []
+    real = _sync_client.sleep
+
+    def recording(seconds: float) -> None:
+        asked.append(seconds)
+        real(seconds)
+
+    monkeypatch.setattr(_sync_client, "sleep", recording)
+    return asked
+
+
+def test_503_with_retry_after_is_retried_then_succeeds(waits: list[float]) -> None:
     handler, seen = scripted(busy("0.1"), busy("0.1", "not_ready"), ok_smooth())
-    started = time.monotonic()
     out = mock(handler, binary="never").smooth(np.zeros((2, 16)))
     assert len(seen) == 3
-    assert time.monotonic() - started >= 0.2  # honoured Retry-After, twice
+    assert len(waits) == 2
+    assert all(wait >= 0.1 for wait in waits)  # honoured Retry-After, twice
     assert out.shape == (2, 16)
     assert (out == np.float32(0.5)).all()
 
@@ -332,12 +346,12 @@ def test_repeated_503_raises_overloaded_after_the_retries() -> None:
     assert len(seen) == 2
 
 
-def test_retry_after_is_capped() -> None:
+def test_retry_after_is_capped(waits: list[float]) -> None:
     handler, seen = scripted(busy("120"), ok_smooth())
-    started = time.monotonic()
     mock(handler, max_retry_wait=0.05).smooth(np.zeros((2, 16)))
     assert len(seen) == 2
-    assert time.monotonic() - started < 1
+    (wait,) = waits
+    assert 0.05 <= wait <= 0.05 * 1.5  # the cap, with its jitter; not the 120 s asked
 
 
 def test_4xx_and_500_are_not_retried() -> None:
@@ -454,21 +468,20 @@ def test_an_infinite_timeout_is_no_deadline_and_nan_is_refused() -> None:
         mock(handler).smooth(np.zeros((2, 16)), timeout=float("nan"))
 
 
-def test_deadline_covers_the_retries() -> None:
+def test_deadline_covers_the_retries(waits: list[float]) -> None:
     handler, seen = scripted(busy("0.2"))
-    started = time.monotonic()
     with pytest.raises(DeadlineExceeded) as exc:
         mock(handler, retries=100).smooth(np.zeros((2, 16)), timeout=0.5)
-    assert 0.2 <= time.monotonic() - started < 0.6
-    assert 2 <= len(seen) <= 3
+    assert 2 <= len(seen) <= 3  # not the 101 attempts the retries allow
+    assert 0.2 <= sum(waits) <= 0.5  # the waits fitted in the deadline
     assert exc.value.status == 503
     assert isinstance(exc.value, TimeoutError)
+    waits.clear()
     handler, seen = scripted(busy("5"), ok_smooth())  # a wait that cannot fit: give up now
-    started = time.monotonic()
     with pytest.raises(DeadlineExceeded):
         mock(handler, timeout=1.0).smooth(np.zeros((2, 16)))
     assert len(seen) == 1
-    assert time.monotonic() - started < 0.5
+    assert waits == []  # gave up without waiting
 
 
 def test_each_attempt_tells_the_server_the_deadline_left() -> None:
