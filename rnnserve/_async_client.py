@@ -156,7 +156,7 @@ class AsyncClient:
         ``async with``, ``aclose()``) to stop early: the connection closes and the server drops
         the rollout. ``timeout`` covers the whole stream.
         """
-        return AsyncRolloutStream(self, _as_batch(inputs), model, self._core.deadline(timeout))
+        return AsyncRolloutStream(self, _as_batch(inputs), model, timeout)
 
     def session(self, name: str, *, state: dict[str, Any] | None = None) -> AsyncSession:
         """A streaming session to model ``name`` (docs/SESSIONS.md), to use as a context
@@ -287,9 +287,16 @@ class AsyncRolloutStream:
     """
 
     def __init__(
-        self, client: AsyncClient, batch: _Batch, model: str | None, deadline: _Deadline
+        self,
+        client: AsyncClient,
+        batch: _Batch,
+        model: str | None,
+        timeout: Timeout,
     ) -> None:
-        self._client, self._batch, self._name, self._deadline = client, batch, model, deadline
+        self._client, self._batch, self._name = client, batch, model
+        # the deadline counts from the request, sent when iteration starts
+        self._timeout = timeout
+        self._deadline = _Deadline(None)
         self.model: str | None = None
         self._chunks = self._generate()
 
@@ -317,6 +324,7 @@ class AsyncRolloutStream:
     async def _open(self) -> httpx.Response:
         """The streamed answer, resent as JSON if the server refuses the binary format."""
         client, core = self._client, self._client._core
+        self._deadline = core.deadline(self._timeout)
         attempt = _Attempt(self._deadline, core.retry_posts)
         while True:
             binary = core.use_binary(self._batch)

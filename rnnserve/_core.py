@@ -294,6 +294,8 @@ def _decode_line(line: str, batch: _Batch) -> Chunk | str:
         msg = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError(f"unreadable stream line: {exc}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("error", {}), dict):
+        raise ProtocolError(f"unreadable stream line: {line[:64]!r}")
     if "error" in msg:
         err = msg["error"]
         expired = err.get("type") == "deadline_exceeded"  # the deadline the call sent

@@ -158,7 +158,7 @@ class Client:
         ``async with``, ``aclose()``) to stop early: the connection closes and the server drops
         the rollout. ``timeout`` covers the whole stream.
         """
-        return RolloutStream(self, _as_batch(inputs), model, self._core.deadline(timeout))
+        return RolloutStream(self, _as_batch(inputs), model, timeout)
 
     def session(self, name: str, *, state: dict[str, Any] | None = None) -> Session:
         """A streaming session to model ``name`` (docs/SESSIONS.md), to use as a context
@@ -289,9 +289,16 @@ class RolloutStream:
     """
 
     def __init__(
-        self, client: Client, batch: _Batch, model: str | None, deadline: _Deadline
+        self,
+        client: Client,
+        batch: _Batch,
+        model: str | None,
+        timeout: Timeout,
     ) -> None:
-        self._client, self._batch, self._name, self._deadline = client, batch, model, deadline
+        self._client, self._batch, self._name = client, batch, model
+        # the deadline counts from the request, sent when iteration starts
+        self._timeout = timeout
+        self._deadline = _Deadline(None)
         self.model: str | None = None
         self._chunks = self._generate()
 
@@ -319,6 +326,7 @@ class RolloutStream:
     def _open(self) -> httpx.Response:
         """The streamed answer, resent as JSON if the server refuses the binary format."""
         client, core = self._client, self._client._core
+        self._deadline = core.deadline(self._timeout)
         attempt = _Attempt(self._deadline, core.retry_posts)
         while True:
             binary = core.use_binary(self._batch)

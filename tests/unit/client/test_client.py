@@ -605,7 +605,7 @@ async def test_async_deadline_and_retries(silent_server: str) -> None:
 class Body(httpx.SyncByteStream):
     """A streamed body that records whether the client closed it."""
 
-    def __init__(self, lines: list[dict[str, Any]]) -> None:
+    def __init__(self, lines: list[Any]) -> None:
         self.lines, self.closed = lines, False
 
     def __iter__(self) -> Iterator[bytes]:
@@ -645,6 +645,23 @@ def test_stream_error_line_and_truncated_stream() -> None:
     cut = Body([chunk(0, 0, 2)])
     with pytest.raises(ProtocolError, match="ended"):
         list(stream_client(cut).stream_rollout(np.zeros((4, 6))))
+
+
+@pytest.mark.parametrize("line", [42, "x", None, {"error": "boom"}, {"error": [1]}])
+def test_a_stream_line_of_another_shape_is_a_protocol_error(line: Any) -> None:
+    with pytest.raises(ProtocolError, match="unreadable stream line"):
+        list(stream_client(Body([line])).stream_rollout(np.zeros((4, 6))))
+
+
+def test_a_streams_deadline_counts_from_its_request_not_its_making() -> None:
+    """The request is sent when iteration starts; so does its deadline."""
+    lines = [chunk(0, 0, 2), {"model": "traveller", "done": True}]
+    handler, seen = scripted(httpx.Response(200, stream=Body(lines), headers=NDJSON_HEADERS))
+    with mock(handler) as c:
+        stream = c.stream_rollout(np.zeros((2, 6)), timeout=0.5)
+        time.sleep(0.6)  # made, not yet iterated: past the deadline were it counted from here
+        assert len(list(stream)) == 1
+    assert float(seen[0].headers["x-request-timeout"]) > 0.25
 
 
 def test_retry_after_parsing_and_error_text() -> None:
