@@ -16,6 +16,7 @@ caller trusts them (``trust_torchscript=True``); otherwise reading one raises
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,13 @@ def save(model: nn.Module, path: str | Path) -> None:
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta = {"kind": kind_of(model), "config": json.dumps(config)}
     save_file(tensors, str(path), metadata=meta)
+
+
+def writable_folder(path: Path) -> None:
+    """Make ``path`` (and its parents) and write a file in it, so that a command that writes
+    a model there fails before its work, not after; raises ``OSError``."""
+    path.mkdir(parents=True, exist_ok=True)
+    tempfile.TemporaryFile(dir=path).close()
 
 
 def available(model_dir: str | Path | None = None) -> list[str]:

@@ -619,8 +619,7 @@ def _writable_out_dir(parser: argparse.ArgumentParser, out_dir: Path) -> None:
     """Make ``out_dir`` and write in it, before anything is loaded or checked; a usage error
     (one line, exit 2) if it cannot be."""
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out_dir).close()
+        models.writable_folder(out_dir)
     except OSError as exc:
         parser.error(f"--out-dir {out_dir}: {exc.strerror or exc}")
 

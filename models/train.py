@@ -664,9 +664,8 @@ def main_traveller(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     args = parse_args(argv, prog)
-    try:  # before training, not after it: the folder must be there and writable
-        args.out.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=args.out).close()
+    try:  # before training, not after it
+        models.writable_folder(args.out)
     except OSError as exc:
         print(f"{prog}: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
